@@ -1,0 +1,51 @@
+"""Shared test helpers: tiny models, inputs, and a handle on a stack's embedded input."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import transformer as T
+
+
+def tiny(kind: str = 'sinusoidal', **changes) -> T.ModelConfig:
+  position_changes = changes.pop('position', {})
+  return T.tiny_preset(T.PositionConfig(kind=kind, **position_changes), **changes)
+
+
+def tokens(batch: int, length: int, vocab: int = 32, seed: int = 0):
+  return jax.random.randint(jax.random.PRNGKey(seed), (batch, length), 1, vocab)
+
+
+def init(model, *args, **kwargs):
+  return model.init(jax.random.PRNGKey(0), *args, **kwargs)
+
+
+def apply_with_stack_delta(model, params, delta_BxLxD, *args, causal_only: bool = True, **kwargs):
+  """model.apply with delta added to the embedded input of each causal (decoder) stack.
+
+  Lets a test take gradients with respect to the decoder's inputs position by position.
+  """
+  def add_delta(next_fun, call_args, call_kwargs, context):
+    module = context.module
+    stack_types = (T.TransformerStack, T.recurrent.RecurrentStack)
+    if (isinstance(module, stack_types) and context.method_name == '__call__'
+        and (getattr(module, 'causal', False) or not getattr(module, 'bidirectional', True))):
+      call_args = (call_args[0] + delta_BxLxD,) + tuple(call_args[1:])
+    return next_fun(*call_args, **call_kwargs)
+
+  with nn.intercept_methods(add_delta):
+    return model.apply(params, *args, **kwargs)
+
+
+def assert_causal(model, params, args, length: int, width: int, **kwargs):
+  """d output[t] / d input[s] is exactly zero for every s > t, and not all zero for s <= t."""
+  delta = jnp.zeros((1, length, width))
+
+  def outputs(d):
+    return apply_with_stack_delta(model, params, d, *args, **kwargs)[0].sum(-1)  # L
+
+  jacobian = jax.jacrev(outputs)(delta)[:, 0]  # L (outputs) x L (inputs) x D
+  per_pair = jnp.abs(jacobian).sum(-1)
+  for t in range(length):
+    assert float(per_pair[t, t + 1:].sum()) == 0.0, f'output {t} depends on later inputs: {per_pair[t]}'
+    assert float(per_pair[t, :t + 1].sum()) > 0.0, f'output {t} depends on nothing: {per_pair[t]}'

@@ -1,0 +1,88 @@
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import MultiHeadAttention, causal_mask, scaled_dot_product_attention
+
+B, LQ, LK, H, K = 2, 5, 6, 3, 8
+
+
+def _qkv(seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return (jax.random.normal(keys[0], (B, LQ, H, K)), jax.random.normal(keys[1], (B, LK, H, K)),
+          jax.random.normal(keys[2], (B, LK, H, K)))
+
+
+def test_matches_jax_nn_dot_product_attention():
+  q, k, v = _qkv()
+  np.testing.assert_allclose(scaled_dot_product_attention(q, k, v), jax.nn.dot_product_attention(q, k, v),
+                             atol=1e-5)
+
+
+def test_matches_jax_with_mask():
+  q, k, v = _qkv(1)
+  mask = jax.random.bernoulli(jax.random.PRNGKey(9), 0.7, (B, 1, LQ, LK)).at[..., 0].set(True)
+  np.testing.assert_allclose(scaled_dot_product_attention(q, k, v, mask=mask),
+                             jax.nn.dot_product_attention(q, k, v, mask=mask), atol=1e-5)
+
+
+def test_matches_jax_with_bias_and_mask():
+  q, k, v = _qkv(2)
+  bias = jax.random.normal(jax.random.PRNGKey(3), (B, H, LQ, LK))
+  mask = jnp.broadcast_to(causal_mask(LK)[..., :LQ, :], (B, H, LQ, LK))
+  np.testing.assert_allclose(scaled_dot_product_attention(q, k, v, bias=bias),
+                             jax.nn.dot_product_attention(q, k, v, bias=bias), atol=1e-5)
+  np.testing.assert_allclose(scaled_dot_product_attention(q, k, v, bias=bias, mask=mask),
+                             jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask), atol=1e-5)
+
+
+def test_returns_weights_that_match_the_formula():
+  q, k, v = _qkv(4)
+  out, weights = scaled_dot_product_attention(q, k, v, return_weights=True)
+  logits = np.einsum('bqhk,bshk->bhqs', q, k) / np.sqrt(K)
+  expected = np.exp(logits - logits.max(-1, keepdims=True))
+  expected /= expected.sum(-1, keepdims=True)
+  np.testing.assert_allclose(weights, expected, atol=1e-5)
+  np.testing.assert_allclose(out, np.einsum('bhqs,bshv->bqhv', expected, v), atol=1e-5)
+
+
+def test_fully_masked_query_row_outputs_zeros():
+  q, k, v = _qkv(5)
+  mask = jnp.ones((B, 1, LQ, LK), bool).at[:, :, 0].set(False)
+  out = scaled_dot_product_attention(q, k, v, mask=mask)
+  np.testing.assert_array_equal(out[:, 0], 0.0)
+  assert bool(jnp.all(jnp.isfinite(out)))
+
+
+def test_rejects_mismatched_shapes():
+  q, k, v = _qkv()
+  with pytest.raises(AssertionError):
+    scaled_dot_product_attention(q[..., :4], k, v)
+  with pytest.raises(AssertionError):
+    scaled_dot_product_attention(q[0], k[0], v[0])
+
+
+def test_multi_head_attention_matches_flax_with_copied_weights():
+  width = H * K
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, LQ, width))
+  memory = jax.random.normal(jax.random.PRNGKey(1), (B, LK, width))
+  mask = jax.random.bernoulli(jax.random.PRNGKey(2), 0.8, (B, 1, LQ, LK)).at[..., 0].set(True)
+  reference = nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=width, out_features=width)
+  reference_params = reference.init(jax.random.PRNGKey(3), x, memory)['params']
+  copied = {
+      name: {'kernel': reference_params[name]['kernel'].reshape(width, width),
+             'bias': reference_params[name]['bias'].reshape(width)}
+      for name in ('query', 'key', 'value')
+  }
+  copied['out'] = {'kernel': reference_params['out']['kernel'].reshape(width, width),
+                   'bias': reference_params['out']['bias']}
+  ours = MultiHeadAttention(num_heads=H).apply({'params': copied}, x, memory, mask=mask)
+  theirs = reference.apply({'params': reference_params}, x, memory, mask=mask)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_multi_head_attention_rejects_width_not_divisible_by_heads():
+  with pytest.raises(ValueError, match='not divisible by num_heads=3'):
+    MultiHeadAttention(num_heads=3).init(jax.random.PRNGKey(0), jnp.ones((1, 2, 8)), jnp.ones((1, 2, 8)))

@@ -1,0 +1,184 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer as T
+from tests.helpers import assert_causal, init, tiny, tokens
+
+L = 6
+
+
+@pytest.mark.parametrize('norm', ['post', 'pre'])
+def test_decoder_only_is_causal(norm):
+  config = tiny(norm=norm)
+  model = T.DecoderOnly(config)
+  x = tokens(1, L)
+  assert_causal(model, init(model, x), (x,), L, config.model_dim)
+
+
+def test_encoder_decoder_decoder_is_causal():
+  config = tiny()
+  model = T.EncoderDecoder(config)
+  source, target = tokens(1, 4, seed=1), tokens(1, L)
+  assert_causal(model, init(model, source, target), (source, target), L, config.model_dim)
+
+
+def test_encoder_is_not_causal():
+  """The gradient test can fail: the bidirectional encoder does see the future."""
+  config = tiny()
+  model = T.EncoderOnly(config.replace(pooling='mean'))
+  x = tokens(1, L)
+  params = init(model, x)
+  grad = jax.grad(lambda p: model.apply(p, x.at[0, -1].set(3)).sum())(params)
+  assert float(jnp.abs(grad['params']['encoder']['layer_0']['self_attention']['key']['kernel']).sum()) > 0
+  stack = T.TransformerStack(config, 1, causal=False)
+  embedded = jax.random.normal(jax.random.PRNGKey(0), (1, L, config.model_dim))
+  stack_params = stack.init(jax.random.PRNGKey(1), embedded)
+  jacobian = jax.jacrev(lambda e: stack.apply(stack_params, e)[0, 0].sum())(embedded)
+  assert float(jnp.abs(jacobian[0, L - 1]).sum()) > 0
+
+
+def _pad(x, extra, value=0):
+  return jnp.concatenate([x, jnp.full((x.shape[0], extra), value, x.dtype)], axis=1)
+
+
+@pytest.mark.parametrize('kind', sorted(T.VARIANTS))
+def test_padding_does_not_change_unpadded_outputs(kind):
+  config = tiny(kind)
+  source, target = tokens(2, 5, seed=1), tokens(2, 4, seed=2)
+  padded_source, padded_target = _pad(source, 3), _pad(target, 2)
+  source_valid = jnp.arange(8)[None] < jnp.array([[5], [5]])
+  target_valid = jnp.arange(6)[None] < jnp.array([[4], [4]])
+
+  encoder_decoder = T.EncoderDecoder(config)
+  params = init(encoder_decoder, padded_source, padded_target)
+  plain = encoder_decoder.apply(params, source, target)
+  padded = encoder_decoder.apply(params, padded_source, padded_target, source_valid_BxLs=source_valid,
+                                 target_valid_BxLt=target_valid)
+  np.testing.assert_allclose(padded[:, :4], plain, atol=1e-5)
+
+  encoder = T.TransformerStack(config, 2, causal=False)
+  embedded = jax.random.normal(jax.random.PRNGKey(0), (2, 8, config.model_dim))
+  params = encoder.init(jax.random.PRNGKey(1), embedded)
+  np.testing.assert_allclose(encoder.apply(params, embedded, valid_BxL=source_valid)[:, :5],
+                             encoder.apply(params, embedded[:, :5]), atol=1e-5)
+
+  decoder_only = T.DecoderOnly(config)
+  params = init(decoder_only, padded_target)
+  np.testing.assert_allclose(decoder_only.apply(params, padded_target, valid_BxL=target_valid)[:, :4],
+                             decoder_only.apply(params, target), atol=1e-5)
+
+  classifier = T.EncoderOnly(config.replace(pooling='mean'))
+  params = init(classifier, padded_source)
+  np.testing.assert_allclose(classifier.apply(params, padded_source, valid_BxL=source_valid),
+                             classifier.apply(params, source), atol=1e-5)
+
+
+def _models_and_inputs():
+  config = tiny(dropout_rate=0.1)
+  x = tokens(2, L)
+  features = jax.random.normal(jax.random.PRNGKey(3), (2, L, 3))
+  return [
+      ('decoder_only', T.DecoderOnly(config), (x,)),
+      ('encoder_decoder', T.EncoderDecoder(config), (x, tokens(2, 4, seed=5))),
+      ('classifier', T.EncoderOnly(config), (x,)),
+      ('regression', T.EncoderOnly(config.replace(input_features=3, num_outputs=1, pooling='mean')), (features,)),
+      ('lstm_decoder_only', T.RecurrentDecoderOnly(config.replace(architecture='lstm')), (x,)),
+      ('rnn_encoder_decoder', T.RecurrentEncoderDecoder(config.replace(architecture='rnn')),
+       (x, tokens(2, 4, seed=5))),
+      ('lstm_classifier', T.RecurrentEncoderOnly(config.replace(architecture='lstm')), (x,)),
+  ]
+
+
+class JitTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_same_results_with_and_without_jit(self):
+    for name, model, args in _models_and_inputs():
+      params = init(model, *args)
+      rngs = {'dropout': jax.random.PRNGKey(7)}
+      apply = self.variant(lambda p, *a, m=model: m.apply(p, *a, deterministic=False, rngs=rngs))
+      expected_eval = model.apply(params, *args)
+      expected_train = model.apply(params, *args, deterministic=False, rngs=rngs)
+      np.testing.assert_allclose(apply(params, *args), expected_train, atol=1e-5, err_msg=name)
+      evaluate = self.variant(lambda p, *a, m=model: m.apply(p, *a))
+      np.testing.assert_allclose(evaluate(params, *args), expected_eval, atol=1e-5, err_msg=name)
+      assert not np.allclose(expected_eval, expected_train), f'{name}: dropout had no effect'
+
+
+def test_wrong_rank_or_width_names_expected_and_actual_shape():
+  config = tiny()
+  model = T.DecoderOnly(config)
+  params = init(model, tokens(1, 4))
+  with pytest.raises(ValueError, match=r'expected token ids of shape \[batch, length\], got shape \(4,\)'):
+    model.apply(params, jnp.ones((4,), jnp.int32))
+  regression = T.EncoderOnly(config.replace(input_features=3, pooling='mean'))
+  features = jnp.ones((1, 4, 3))
+  params = init(regression, features)
+  with pytest.raises(ValueError, match=r'expected features of shape \[batch, length, 3\].*got shape \(1, 4, 5\)'):
+    regression.apply(params, jnp.ones((1, 4, 5)))
+  stack = T.TransformerStack(config, 1, causal=True)
+  with pytest.raises(AssertionError, match=r'32.*16|16.*32'):
+    stack.init(jax.random.PRNGKey(0), jnp.ones((1, 4, 16)))
+
+
+def test_tied_embeddings_share_the_table_and_untied_add_an_output_layer():
+  x = tokens(1, 4)
+  tied = init(T.DecoderOnly(tiny(tie_embeddings=True)), x)['params']['embedding']
+  untied = init(T.DecoderOnly(tiny(tie_embeddings=False)), x)['params']['embedding']
+  assert set(tied) == {'embedding'}
+  assert set(untied) == {'embedding', 'output'}
+
+
+def test_presets():
+  base = T.base_preset()
+  assert (base.model_dim, base.num_heads, base.head_dim, base.feed_forward_dim) == (512, 8, 64, 2048)
+  assert (base.num_encoder_layers, base.num_decoder_layers, base.dropout_rate, base.norm) == (6, 6, 0.1, 'post')
+  params = jax.eval_shape(lambda: T.EncoderDecoder(base.replace(vocab_size=37000)).init(
+      jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32)))
+  count = sum(np.prod(p.shape) for p in jax.tree_util.tree_leaves(params))
+  assert 60e6 < count < 66e6, count  # the paper's base model has about 65M parameters
+  assert T.small_preset().model_dim < 512
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('model_dim', 30, 'model_dim: got 30; valid: a multiple of num_heads=4'),
+    ('num_heads', 0, 'num_heads: got 0; valid: a positive integer'),
+    ('norm', 'middle', "norm: got 'middle'; valid: post, pre"),
+    ('dropout_rate', 1.5, 'dropout_rate: got 1.5'),
+])
+def test_invalid_model_config_names_field_value_and_valid(field, value, message):
+  with pytest.raises(ValueError, match=message):
+    tiny(**{field: value})
+
+
+def test_unknown_position_kind_lists_valid_ones():
+  with pytest.raises(ValueError, match="position.kind: got 'fourier'; valid: alibi, learned, none"):
+    T.PositionConfig(kind='fourier')
+
+
+def test_greedy_generate_matches_a_naive_argmax_loop():
+  config = tiny()
+  model = T.DecoderOnly(config)
+  prompt = tokens(2, 3)
+  params = init(model, prompt)
+  generated = jax.jit(lambda p, x: T.decoder_only_generate(model, p, x, 4))(params, prompt)
+  naive = prompt
+  for _ in range(4):
+    naive = jnp.concatenate([naive, jnp.argmax(model.apply(params, naive)[:, -1], -1)[:, None]], axis=1)
+  np.testing.assert_array_equal(generated, naive)
+
+
+def test_encoder_decoder_greedy_decode_matches_a_naive_loop():
+  config = tiny()
+  model = T.EncoderDecoder(config)
+  source = tokens(2, 5)
+  params = init(model, source, source)
+  decoded = T.greedy_decode(model, params, source, bos_id=1, max_length=4)
+  assert decoded.shape == (2, 4)
+  target = jnp.ones((2, 1), jnp.int32)
+  for _ in range(4):
+    target = jnp.concatenate([target, jnp.argmax(model.apply(params, source, target)[:, -1], -1)[:, None]], 1)
+  np.testing.assert_array_equal(decoded, target[:, 1:])

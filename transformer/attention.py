@@ -1,0 +1,99 @@
+"""Scaled dot-product attention and multi-head attention (Vaswani et al. 2017, section 3.2)."""
+
+import math
+from typing import Optional
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.layers import Dense, dropout
+from transformer.positions.base import LayerPositions, Shared
+from transformer.softmax import softmax
+
+
+def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex.Array, *,
+                                 mask: Optional[chex.Array] = None, bias: Optional[chex.Array] = None,
+                                 scale: Optional[float] = None, return_weights: bool = False,
+                                 dropout_rate: float = 0.0, dropout_rng: Optional[chex.PRNGKey] = None,
+                                 deterministic: bool = True):
+  """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(d_k) by default.
+
+  query: B x Lq x H x K, key: B x Lk x H x K, value: B x Lk x H x V (the layout of
+  `jax.nn.dot_product_attention`). mask (True = attend) and bias broadcast to B x H x Lq x Lk.
+  Logits and softmax are in float32 whatever the input dtype. The 1/sqrt(d_k) keeps the logits'
+  variance near 1 as d_k grows, so the softmax does not saturate.
+  Returns the output, B x Lq x H x V, and with return_weights the weights, B x H x Lq x Lk.
+  """
+  chex.assert_rank([query, key, value], 4)
+  chex.assert_equal_shape_prefix([key, value], 3)
+  chex.assert_equal_shape([query[:, :1], key[:, :1]])  # same batch, heads and head width
+  batch, length_q, heads, head_dim = query.shape
+  length_k = key.shape[1]
+  if scale is None:
+    scale = 1.0 / math.sqrt(head_dim)
+  logits_BxHxLqxLk = jnp.einsum('bqhk,bshk->bhqs', query.astype(jnp.float32), key.astype(jnp.float32)) * scale
+  if bias is not None:
+    logits_BxHxLqxLk = logits_BxHxLqxLk + bias.astype(jnp.float32)
+  chex.assert_shape(logits_BxHxLqxLk, (batch, heads, length_q, length_k))
+  weights_BxHxLqxLk = softmax(logits_BxHxLqxLk, mask)
+  attended = dropout(weights_BxHxLqxLk, dropout_rate, dropout_rng, deterministic)
+  output_BxLqxHxV = jnp.einsum('bhqs,bshv->bqhv', attended.astype(value.dtype), value)
+  chex.assert_shape(output_BxLqxHxV, (batch, length_q, heads, value.shape[-1]))
+  return (output_BxLqxHxV, weights_BxHxLqxLk) if return_weights else output_BxLqxHxV
+
+
+def split_heads(x_BxLxD: chex.Array, num_heads: int) -> chex.Array:
+  """B x L x (H*K) -> B x L x H x K."""
+  batch, length, width = x_BxLxD.shape
+  return x_BxLxD.reshape(batch, length, num_heads, width // num_heads)
+
+
+def merge_heads(x_BxLxHxK: chex.Array) -> chex.Array:
+  """Concat(head_1, ..., head_H): B x L x H x K -> B x L x (H*K)."""
+  batch, length, heads, head_dim = x_BxLxHxK.shape
+  return x_BxLxHxK.reshape(batch, length, heads * head_dim)
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h).
+
+  `positions` (the per-layer hooks of a positional variant) enter at fixed points and never by
+  name: rotate the projected queries and keys, add a logits term, set the scale, add a values term.
+  Cross-attention passes no hooks. The weights are sown as 'intermediates/attention_weights'.
+  """
+  num_heads: int
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
+               mask: Optional[chex.Array] = None, positions: Optional[LayerPositions] = None,
+               q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
+               shared: Shared = None, deterministic: bool = True) -> chex.Array:
+    chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
+    width = inputs_q_BxLqxD.shape[-1]
+    if width % self.num_heads:
+      raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
+    query = split_heads(Dense(width, name='query')(inputs_q_BxLqxD), self.num_heads)
+    key = split_heads(Dense(width, name='key')(inputs_kv_BxLkxD), self.num_heads)
+    value = split_heads(Dense(width, name='value')(inputs_kv_BxLkxD), self.num_heads)
+
+    scale, bias, value_term = None, None, None
+    if positions is not None:
+      query, key = positions.rotate(query, key, q_positions_BxLq, k_positions_BxLk)
+      scale = positions.scale()
+      if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+      bias = positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
+
+    rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
+    attended_BxLqxHxK, weights = scaled_dot_product_attention(
+        query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
+        dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)
+    self.sow('intermediates', 'attention_weights', weights)
+    if positions is not None:
+      value_term = positions.values(weights, q_positions_BxLq, k_positions_BxLk)
+    if value_term is not None:
+      attended_BxLqxHxK = attended_BxLqxHxK + value_term.astype(attended_BxLqxHxK.dtype)
+    return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))

@@ -1,0 +1,144 @@
+"""Building blocks as pure functions, and the thin Linen modules that own their parameters.
+
+Linear, Embedding (a gather), LayerNorm (biased variance), dropout and the position-wise
+feed-forward network of Vaswani et al. 2017, section 3.3.
+"""
+
+from typing import Callable, Optional
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
+    'relu': jax.nn.relu,  # the paper's choice
+    'gelu': jax.nn.gelu,
+}
+
+
+def linear(x_NxI: chex.Array, weight_IxO: chex.Array, bias_O: Optional[chex.Array] = None) -> chex.Array:
+  """y = x W + b over the last axis of x (any leading axes)."""
+  chex.assert_rank(weight_IxO, 2)
+  chex.assert_axis_dimension(x_NxI, -1, weight_IxO.shape[0])
+  y = x_NxI @ weight_IxO
+  if bias_O is not None:
+    chex.assert_shape(bias_O, (weight_IxO.shape[1],))
+    y = y + bias_O
+  return y
+
+
+def embedding_lookup(table_VxD: chex.Array, ids: chex.Array) -> chex.Array:
+  """E[ids]: a gather of rows of the table, never a one-hot matmul."""
+  chex.assert_rank(table_VxD, 2)
+  chex.assert_type(ids, int)
+  return table_VxD[ids]
+
+
+def layer_norm(x: chex.Array, scale_D: chex.Array, offset_D: chex.Array, eps: float = 1e-6) -> chex.Array:
+  """LN(x) = (x - mean) / sqrt(var + eps) * scale + offset, var the biased (1/D) variance.
+
+  Ba, Kiros and Hinton 2016. Statistics are taken in float32 whatever the input dtype.
+  """
+  chex.assert_shape([scale_D, offset_D], (x.shape[-1],))
+  x32 = x.astype(jnp.float32)
+  mean = jnp.mean(x32, axis=-1, keepdims=True)
+  variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+  y = (x32 - mean) * jax.lax.rsqrt(variance + eps) * scale_D + offset_D
+  return y.astype(x.dtype)
+
+
+def dropout(x: chex.Array, rate: float, rng: Optional[chex.PRNGKey], deterministic: bool) -> chex.Array:
+  """Inverted dropout: keep each entry with probability 1 - rate and scale it by 1 / (1 - rate)."""
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f'dropout rate must be in [0, 1), got {rate}')
+  if deterministic or rate == 0.0:
+    return x
+  if rng is None:
+    raise ValueError('dropout with deterministic=False needs an rng key')
+  keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
+def feed_forward(x_NxD: chex.Array, w1_DxF, b1_F, w2_FxD, b2_D, activation: str = 'relu',
+                 dropout_rate: float = 0.0, rng: Optional[chex.PRNGKey] = None,
+                 deterministic: bool = True) -> chex.Array:
+  """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position (Vaswani et al. 2017, eq. 2).
+
+  Dropout, when on, acts on the hidden activations.
+  """
+  if activation not in ACTIVATIONS:
+    raise ValueError(f'activation: got {activation!r}, valid: {sorted(ACTIVATIONS)}')
+  hidden = ACTIVATIONS[activation](linear(x_NxD, w1_DxF, b1_F))
+  hidden = dropout(hidden, dropout_rate, rng, deterministic)
+  y = linear(hidden, w2_FxD, b2_D)
+  chex.assert_equal_shape([x_NxD, y])
+  return y
+
+
+class Dense(nn.Module):
+  """Owns W (in x out) and b, and calls `linear`."""
+  features: int
+  use_bias: bool = True
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self, x: chex.Array) -> chex.Array:
+    weight = self.param('kernel', self.kernel_init, (x.shape[-1], self.features))
+    bias = self.param('bias', nn.initializers.zeros, (self.features,)) if self.use_bias else None
+    return linear(x, weight, bias)
+
+
+class Embed(nn.Module):
+  """Owns the V x D table; `__call__` gathers rows, `attend` gives logits x E^T (tied output)."""
+  vocab_size: int
+  features: int
+
+  def setup(self):
+    self.embedding = self.param('embedding', nn.initializers.normal(stddev=self.features ** -0.5),
+                                (self.vocab_size, self.features))
+
+  def __call__(self, ids: chex.Array) -> chex.Array:
+    return embedding_lookup(self.embedding, ids)
+
+  def attend(self, x_NxD: chex.Array) -> chex.Array:
+    return linear(x_NxD, self.embedding.T)
+
+
+class LayerNorm(nn.Module):
+  """Owns the learnable scale (ones) and offset (zeros), and calls `layer_norm`."""
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: chex.Array) -> chex.Array:
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],))
+    offset = self.param('bias', nn.initializers.zeros, (x.shape[-1],))
+    return layer_norm(x, scale, offset, self.eps)
+
+
+class Dropout(nn.Module):
+  """Calls `dropout` with a key from the 'dropout' rng stream."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: chex.Array, deterministic: bool) -> chex.Array:
+    rng = None if deterministic or self.rate == 0.0 else self.make_rng('dropout')
+    return dropout(x, self.rate, rng, deterministic)
+
+
+class FeedForward(nn.Module):
+  """Position-wise feed-forward network with dropout on the hidden layer."""
+  hidden_features: int
+  activation: str = 'relu'
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: chex.Array, deterministic: bool = True) -> chex.Array:
+    width = x.shape[-1]
+    init = nn.initializers.xavier_uniform()
+    w1 = self.param('hidden_kernel', init, (width, self.hidden_features))
+    b1 = self.param('hidden_bias', nn.initializers.zeros, (self.hidden_features,))
+    w2 = self.param('output_kernel', init, (self.hidden_features, width))
+    b2 = self.param('output_bias', nn.initializers.zeros, (width,))
+    rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
+    return feed_forward(x, w1, b1, w2, b2, self.activation, self.dropout_rate, rng, deterministic)

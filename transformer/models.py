@@ -1,0 +1,171 @@
+"""The three model kinds built from the stack: encoder-decoder, decoder-only, encoder-only."""
+
+import math
+from typing import Callable, Optional
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.blocks import TransformerStack
+from transformer.config import ModelConfig
+from transformer.layers import Dense, Embed
+
+
+def check_token_input(tokens, name: str) -> None:
+  if tokens.ndim != 2:
+    raise ValueError(f'{name}: expected token ids of shape [batch, length], got shape {tokens.shape}')
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(f'{name}: expected integer token ids, got dtype {tokens.dtype}')
+
+
+class TokenEmbedding(nn.Module):
+  """E[ids] * sqrt(d_model) (the paper's scaling), and the output projection (tied: x E^T)."""
+  config: ModelConfig
+
+  def setup(self):
+    self.embed = Embed(self.config.vocab_size, self.config.model_dim, name='embedding')
+    if not self.config.tie_embeddings:
+      self.output = Dense(self.config.vocab_size, name='output')
+
+  def __call__(self, tokens_BxL):
+    x = self.embed(tokens_BxL)
+    return x * math.sqrt(self.config.model_dim) if self.config.scale_embeddings else x
+
+  def logits(self, x_BxLxD):
+    return self.embed.attend(x_BxLxD) if self.config.tie_embeddings else self.output(x_BxLxD)
+
+
+class DecoderOnly(nn.Module):
+  """A causal language model: tokens B x L -> next-token logits B x L x V."""
+  config: ModelConfig
+
+  def setup(self):
+    self.embedding = TokenEmbedding(self.config)
+    self.decoder = TransformerStack(self.config, self.config.num_decoder_layers, causal=True)
+
+  def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True):
+    check_token_input(tokens_BxL, 'tokens')
+    hidden = self.decoder(self.embedding(tokens_BxL), valid_BxL=valid_BxL, deterministic=deterministic)
+    logits = self.embedding.logits(hidden)
+    chex.assert_shape(logits, (*tokens_BxL.shape, self.config.vocab_size))
+    return logits
+
+
+class EncoderDecoder(nn.Module):
+  """Source B x Ls, target input B x Lt (teacher forcing) -> logits B x Lt x V. One vocabulary and
+  one embedding table for source, target and output, as in the paper."""
+  config: ModelConfig
+
+  def setup(self):
+    self.embedding = TokenEmbedding(self.config)
+    self.encoder = TransformerStack(self.config, self.config.num_encoder_layers, causal=False)
+    self.decoder = TransformerStack(self.config, self.config.num_decoder_layers, causal=True,
+                                    cross_attention=True)
+
+  def encode(self, source_BxLs, *, source_valid_BxLs=None, deterministic: bool = True):
+    check_token_input(source_BxLs, 'source')
+    return self.encoder(self.embedding(source_BxLs), valid_BxL=source_valid_BxLs, deterministic=deterministic)
+
+  def decode(self, memory_BxLsxD, target_input_BxLt, *, source_valid_BxLs=None, target_valid_BxLt=None,
+             deterministic: bool = True):
+    check_token_input(target_input_BxLt, 'target_input')
+    hidden = self.decoder(self.embedding(target_input_BxLt), valid_BxL=target_valid_BxLt,
+                          memory_BxLsxD=memory_BxLsxD, memory_valid_BxLs=source_valid_BxLs,
+                          deterministic=deterministic)
+    return self.embedding.logits(hidden)
+
+  def __call__(self, source_BxLs, target_input_BxLt, *, source_valid_BxLs=None, target_valid_BxLt=None,
+               deterministic: bool = True):
+    memory = self.encode(source_BxLs, source_valid_BxLs=source_valid_BxLs, deterministic=deterministic)
+    return self.decode(memory, target_input_BxLt, source_valid_BxLs=source_valid_BxLs,
+                       target_valid_BxLt=target_valid_BxLt, deterministic=deterministic)
+
+
+class InputEmbedding(nn.Module):
+  """Token ids B x L through the embedding table, or features B x L x F through a linear map."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs):
+    features = self.config.input_features
+    if features:
+      if inputs.ndim != 3 or inputs.shape[-1] != features:
+        raise ValueError(f'inputs: expected features of shape [batch, length, {features}] '
+                         f'(input_features={features}), got shape {inputs.shape}')
+      return Dense(self.config.model_dim, name='input_projection')(inputs.astype(jnp.float32))
+    check_token_input(inputs, 'inputs')
+    return TokenEmbedding(self.config, name='token_embedding')(inputs)
+
+
+def pool(hidden_BxLxD, valid_BxL, pooling: str):
+  """The [CLS] vector (index 0) or the mean over valid positions: B x D."""
+  if pooling == 'cls':
+    return hidden_BxLxD[:, 0]
+  if valid_BxL is None:
+    return jnp.mean(hidden_BxLxD, axis=1)
+  weights = valid_BxL.astype(hidden_BxLxD.dtype)[..., None]
+  return jnp.sum(hidden_BxLxD * weights, axis=1) / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+
+
+class EncoderOnly(nn.Module):
+  """Bidirectional encoder with a head: class logits or regression values, B x num_outputs.
+
+  With pooling='cls' a learned [CLS] vector is put in front of the sequence (position 0, which
+  TUPE resets) and its final state feeds the head; with 'mean' the valid positions are averaged.
+  """
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs, *, valid_BxL=None, deterministic: bool = True):
+    config = self.config
+    x_BxLxD = InputEmbedding(config, name='input')(inputs)
+    uses_cls = config.pooling == 'cls'
+    if uses_cls:
+      cls = self.param('cls', nn.initializers.normal(stddev=0.02), (config.model_dim,))
+      x_BxLxD = jnp.concatenate([jnp.broadcast_to(cls, (x_BxLxD.shape[0], 1, config.model_dim)), x_BxLxD], 1)
+      if valid_BxL is not None:
+        valid_BxL = jnp.concatenate([jnp.ones_like(valid_BxL[:, :1]), valid_BxL], axis=1)
+    hidden = TransformerStack(config, config.num_encoder_layers, causal=False, has_cls=uses_cls,
+                              name='encoder')(x_BxLxD, valid_BxL=valid_BxL, deterministic=deterministic)
+    outputs = Dense(config.num_outputs, name='head')(pool(hidden, valid_BxL, config.pooling))
+    chex.assert_shape(outputs, (x_BxLxD.shape[0], config.num_outputs))
+    return outputs
+
+
+def greedy_generate(next_logits_fn: Callable[[chex.Array], chex.Array], prompt_BxP: chex.Array,
+                    num_new_tokens: int) -> chex.Array:
+  """Appends num_new_tokens argmax tokens to the prompt: B x (P + num_new_tokens).
+
+  `next_logits_fn(tokens_BxT) -> logits_BxTxV` must be causal. The buffer has a fixed length, so
+  one compiled step serves every position; position t only sees tokens before it.
+  """
+  batch, prompt_length = prompt_BxP.shape
+  total = prompt_length + num_new_tokens
+  buffer = jnp.zeros((batch, total), prompt_BxP.dtype).at[:, :prompt_length].set(prompt_BxP)
+
+  def step(t, buffer_BxT):
+    logits = next_logits_fn(buffer_BxT)
+    next_token = jnp.argmax(logits[:, t - 1], axis=-1).astype(buffer_BxT.dtype)
+    return buffer_BxT.at[:, t].set(next_token)
+
+  return jax.lax.fori_loop(prompt_length, total, step, buffer)
+
+
+def greedy_decode(model: nn.Module, params, source_BxLs, *, bos_id: int, max_length: int,
+                  source_valid_BxLs=None) -> chex.Array:
+  """Encoder-decoder greedy decoding: encode once, then emit max_length tokens after BOS: B x max_length."""
+  memory = model.apply(params, source_BxLs, source_valid_BxLs=source_valid_BxLs, method='encode')
+  start = jnp.full((source_BxLs.shape[0], 1), bos_id, source_BxLs.dtype)
+
+  def next_logits(tokens_BxT):
+    return model.apply(params, memory, tokens_BxT, source_valid_BxLs=source_valid_BxLs,
+                       method='decode')
+
+  return greedy_generate(next_logits, start, max_length)[:, 1:]
+
+
+def decoder_only_generate(model: DecoderOnly, params, prompt_BxP, num_new_tokens: int) -> chex.Array:
+  """Decoder-only greedy continuation of a prompt: B x (P + num_new_tokens)."""
+  return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxP, num_new_tokens)

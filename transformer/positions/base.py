@@ -1,0 +1,107 @@
+"""The one narrow interface through which every positional encoding reaches the model.
+
+A variant is a pair of Linen modules; every hook defaults to "no position information", and a
+variant overrides only the hooks it needs. Attention calls every hook the same way, whatever the
+variant, and never branches on the variant's name.
+
+  StackPositions (one per encoder or decoder stack, called once per forward pass)
+    embed(x, positions)          add a vector to the token embeddings        sinusoidal, learned
+    shared(q_pos, k_pos)         terms that no layer owns (a pytree), handed  TUPE, shared T5
+                                 unchanged to every layer
+  LayerPositions (one per self-attention layer)
+    rotate(q, k, q_pos, k_pos)   transform queries and keys by position        RoPE
+    logits(q, q_pos, k_pos, shared, scale)
+                                 a term added to the scaled logits QK^T*scale  ALiBi, T5, TUPE, Shaw
+    values(weights, q_pos, k_pos)
+                                 a term added to the attention output         Shaw
+    scale(head_dim)              the logit scale                              TUPE: 1/sqrt(2d)
+
+Positions are integer arrays of shape B x L (B may be 1, broadcast over the batch). Cross-attention
+gets no hooks at all.
+"""
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import chex
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer.config import PositionConfig
+
+Shared = Any  # whatever pytree a StackPositions.shared returns; None when there is nothing
+
+
+class StackPositions(nn.Module):
+  """Stack-level hooks. The base class carries no position information (NoPE)."""
+  config: PositionConfig
+  num_heads: int
+  head_dim: int
+  model_dim: int
+  num_layers: int
+  causal: bool
+  has_cls: bool = False
+
+  def embed(self, x_BxLxD: chex.Array, positions_BxL: chex.Array) -> chex.Array:
+    del positions_BxL
+    return x_BxLxD
+
+  def shared(self, q_positions_BxLq: chex.Array, k_positions_BxLk: chex.Array) -> Shared:
+    del q_positions_BxLq, k_positions_BxLk
+    return None
+
+
+class LayerPositions(nn.Module):
+  """Per-self-attention-layer hooks. The base class leaves attention untouched."""
+  config: PositionConfig
+  num_heads: int
+  head_dim: int
+  model_dim: int
+  num_layers: int
+  causal: bool
+  has_cls: bool = False
+
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+    del q_positions_BxLq, k_positions_BxLk
+    return query_BxLqxHxK, key_BxLkxHxK
+
+  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared: Shared,
+             scale: float) -> Optional[chex.Array]:
+    """A term broadcastable to B x H x Lq x Lk, added after QK^T has been scaled; None for none."""
+    del query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale
+    return None
+
+  def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk) -> Optional[chex.Array]:
+    """A term B x Lq x H x K added to the attention output; None for none."""
+    del weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk
+    return None
+
+  def scale(self) -> Optional[float]:
+    """The logit scale; None means the default 1/sqrt(head_dim)."""
+    return None
+
+
+def module_fields(module: nn.Module) -> dict:
+  """The interface fields of a hooks module, to build a sibling or a part with the same ones."""
+  return {f.name: getattr(module, f.name) for f in dataclasses.fields(StackPositions)
+          if f.name not in ('parent', 'name')}
+
+
+def relative_positions(q_positions_BxLq: chex.Array, k_positions_BxLk: chex.Array) -> chex.Array:
+  """r_ij = pos_k[j] - pos_q[i]: B x Lq x Lk (negative for keys in the past)."""
+  chex.assert_rank([q_positions_BxLq, k_positions_BxLk], 2)
+  return k_positions_BxLk[:, None, :] - q_positions_BxLq[:, :, None]
+
+
+def default_scale(head_dim: int) -> float:
+  return 1.0 / math.sqrt(head_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One row of the table of variants."""
+  stack: type[StackPositions]
+  layer: type[LayerPositions]
+  paper: str
+  extrapolates: bool  # False: raises a clear error beyond the length it was built for

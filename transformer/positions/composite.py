@@ -1,0 +1,68 @@
+"""Composition of variants through the interface: embeds chain, logits and values terms add.
+
+`tupe_r` is TUPE's untied positional term plus a T5 bias, built as compose(tupe, t5) with no code
+specific to either.
+"""
+
+from typing import ClassVar
+
+from transformer.positions.base import LayerPositions, StackPositions, Variant, module_fields
+
+
+class CompositeStack(StackPositions):
+  parts: ClassVar[tuple] = ()
+
+  def setup(self):
+    self.components = [part(**module_fields(self)) for part in self.parts]
+
+  def embed(self, x_BxLxD, positions_BxL):
+    for component in self.components:
+      x_BxLxD = component.embed(x_BxLxD, positions_BxL)
+    return x_BxLxD
+
+  def shared(self, q_positions_BxLq, k_positions_BxLk):
+    return tuple(c.shared(q_positions_BxLq, k_positions_BxLk) for c in self.components)
+
+
+def _sum(terms):
+  present = [t for t in terms if t is not None]
+  if not present:
+    return None
+  total = present[0]
+  for term in present[1:]:
+    total = total + term
+  return total
+
+
+class CompositeLayer(LayerPositions):
+  parts: ClassVar[tuple] = ()
+
+  def setup(self):
+    self.components = [part(**module_fields(self)) for part in self.parts]
+
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+    for component in self.components:
+      query_BxLqxHxK, key_BxLkxHxK = component.rotate(query_BxLqxHxK, key_BxLkxHxK,
+                                                      q_positions_BxLq, k_positions_BxLk)
+    return query_BxLqxHxK, key_BxLkxHxK
+
+  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+    return _sum(c.logits(query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, s, scale)
+                for c, s in zip(self.components, shared))
+
+  def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
+    return _sum(c.values(weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk) for c in self.components)
+
+  def scale(self):
+    scales = {s for s in (c.scale() for c in self.components) if s is not None}
+    if len(scales) > 1:
+      raise ValueError(f'composed position variants ask for different logit scales: {sorted(scales)}')
+    return scales.pop() if scales else None
+
+
+def compose(*variants: Variant, paper: str) -> Variant:
+  """A variant whose hooks are those of `variants`, applied in order (terms summed)."""
+  stack = type('ComposedStack', (CompositeStack,), {'parts': tuple(v.stack for v in variants)})
+  layer = type('ComposedLayer', (CompositeLayer,), {'parts': tuple(v.layer for v in variants)})
+  return Variant(stack=stack, layer=layer, paper=paper,
+                 extrapolates=all(v.extrapolates for v in variants))

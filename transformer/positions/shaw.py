@@ -1,0 +1,68 @@
+"""Relative position representations (Shaw, Uszkoreit and Vaswani 2018), in every self-attention layer.
+
+e_ij = q_i . (k_j + a^K_ij) / sqrt(d),   z_i = sum_j w_ij (v_j + a^V_ij),
+a_ij = table[clip(j - i, -k, k)]: 2k + 1 learned vectors for keys and as many for values, shared
+by all heads (the paper) or one set per head.
+
+No B x Lq x Lk x d tensor is built: the logits term computes each query against the 2k + 1 key
+vectors and gathers (B x H x Lq x (2k+1), then B x H x Lq x Lk); the values term sums the
+attention weights falling into each of the 2k + 1 distances, then mixes the value vectors.
+"""
+
+import chex
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer.positions.base import LayerPositions, relative_positions
+
+
+def shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip_distance: int) -> chex.Array:
+  """clip(j - i, -k, k) + k, in [0, 2k]: B x Lq x Lk."""
+  relative = relative_positions(q_positions_BxLq, k_positions_BxLk)
+  return jnp.clip(relative, -clip_distance, clip_distance) + clip_distance
+
+
+def shaw_logits(query_BxLqxHxK, key_table_RxHxK, buckets_BxLqxLk) -> chex.Array:
+  """q_i . a^K[bucket_ij]: B x H x Lq x Lk (unscaled)."""
+  chex.assert_rank([query_BxLqxHxK, key_table_RxHxK, buckets_BxLqxLk], [4, 3, 3])
+  per_distance_BxHxLqxR = jnp.einsum('bqhk,rhk->bhqr', query_BxLqxHxK.astype(jnp.float32),
+                                     key_table_RxHxK.astype(jnp.float32))
+  index = jnp.broadcast_to(buckets_BxLqxLk[:, None],
+                           (per_distance_BxHxLqxR.shape[0], per_distance_BxHxLqxR.shape[1],
+                            *buckets_BxLqxLk.shape[1:]))
+  return jnp.take_along_axis(per_distance_BxHxLqxR, index, axis=-1)
+
+
+def shaw_values(weights_BxHxLqxLk, value_table_RxHxK, buckets_BxLqxLk) -> chex.Array:
+  """sum_j w_ij a^V[bucket_ij]: B x Lq x H x K."""
+  chex.assert_rank([weights_BxHxLqxLk, value_table_RxHxK, buckets_BxLqxLk], [4, 3, 3])
+  batch, heads, length_q, _ = weights_BxHxLqxLk.shape
+  num_distances = value_table_RxHxK.shape[0]
+  b = jnp.arange(batch)[:, None, None, None]
+  h = jnp.arange(heads)[None, :, None, None]
+  q = jnp.arange(length_q)[None, None, :, None]
+  per_distance_BxHxLqxR = jnp.zeros((batch, heads, length_q, num_distances), weights_BxHxLqxLk.dtype)
+  per_distance_BxHxLqxR = per_distance_BxHxLqxR.at[b, h, q, buckets_BxLqxLk[:, None]].add(weights_BxHxLqxLk)
+  return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxR, value_table_RxHxK.astype(per_distance_BxHxLqxR.dtype))
+
+
+class Shaw(LayerPositions):
+  """Owns this layer's a^K and a^V tables."""
+
+  def setup(self):
+    heads = self.num_heads if self.config.per_head else 1
+    shape = (2 * self.config.clip_distance + 1, heads, self.head_dim)
+    init = nn.initializers.normal(stddev=self.head_dim ** -0.5)
+    self.key_table = self.param('key_table', init, shape)
+    self.value_table = self.param('value_table', init, shape)
+
+  def _per_head(self, table_RxHxK):
+    return jnp.broadcast_to(table_RxHxK, (table_RxHxK.shape[0], self.num_heads, self.head_dim))
+
+  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+    buckets = shaw_buckets(q_positions_BxLq, k_positions_BxLk, self.config.clip_distance)
+    return scale * shaw_logits(query_BxLqxHxK, self._per_head(self.key_table), buckets)
+
+  def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
+    buckets = shaw_buckets(q_positions_BxLq, k_positions_BxLk, self.config.clip_distance)
+    return shaw_values(weights_BxHxLqxLk, self._per_head(self.value_table), buckets)

@@ -1,0 +1,35 @@
+"""Absolute sinusoidal encoding (Vaswani et al. 2017, section 3.5), added to the embeddings.
+
+PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)).
+Computed from the positions by elementwise ops, so it exists at every length.
+"""
+
+import chex
+import jax.numpy as jnp
+
+from transformer.positions.base import StackPositions
+
+
+def sinusoidal_encoding(positions_BxL: chex.Array, dim: int, base: float = 10000.0) -> chex.Array:
+  """PE for arbitrary integer positions: B x L x dim, float32."""
+  chex.assert_rank(positions_BxL, 2)
+  pair_index = jnp.arange((dim + 1) // 2, dtype=jnp.float32)
+  inverse_wavelength = base ** (-2.0 * pair_index / dim)
+  angle_BxLxP = positions_BxL.astype(jnp.float32)[..., None] * inverse_wavelength
+  interleaved = jnp.stack([jnp.sin(angle_BxLxP), jnp.cos(angle_BxLxP)], axis=-1)
+  encoding = interleaved.reshape(*angle_BxLxP.shape[:-1], -1)[..., :dim]
+  chex.assert_shape(encoding, (*positions_BxL.shape, dim))
+  return encoding
+
+
+def sinusoidal_table(length: int, dim: int, base: float = 10000.0) -> chex.Array:
+  """The L x dim table PE(0..L-1)."""
+  return sinusoidal_encoding(jnp.arange(length)[None], dim, base)[0]
+
+
+class Sinusoidal(StackPositions):
+  """x + PE(pos)."""
+
+  def embed(self, x_BxLxD, positions_BxL):
+    encoding = sinusoidal_encoding(positions_BxL, x_BxLxD.shape[-1], self.config.sinusoidal_base)
+    return x_BxLxD + encoding.astype(x_BxLxD.dtype)

@@ -1,0 +1,82 @@
+"""T5 relative position bias (Raffel et al. 2020, section 2.1; mesh-tensorflow's bucketing).
+
+logits_ij += b_h[bucket(j - i)], one learned scalar per bucket and head. Distances below
+num_buckets/2 (per direction) get a bucket each; larger ones share log-spaced buckets up to
+max_distance, beyond which every distance falls in the last bucket. Encoders use separate buckets
+for the two directions; causal decoders only look back, so all buckets go to the past.
+"""
+
+import math
+
+import chex
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer.positions.base import LayerPositions, StackPositions, relative_positions
+
+
+def t5_bucket(relative_position: chex.Array, *, bidirectional: bool, num_buckets: int = 32,
+              max_distance: int = 128) -> chex.Array:
+  """bucket(j - i) in [0, num_buckets), int32, elementwise."""
+  distance = -relative_position.astype(jnp.int32)  # > 0 for keys in the past
+  bucket = jnp.zeros_like(distance)
+  if bidirectional:
+    num_buckets //= 2
+    bucket = bucket + jnp.where(distance < 0, num_buckets, 0)  # keys in the future
+    distance = jnp.abs(distance)
+  else:
+    distance = jnp.maximum(distance, 0)
+  num_exact = num_buckets // 2
+  log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / num_exact) / math.log(max_distance / num_exact)
+  log_bucket = num_exact + (log_ratio * (num_buckets - num_exact)).astype(jnp.int32)
+  log_bucket = jnp.minimum(log_bucket, num_buckets - 1)
+  return bucket + jnp.where(distance < num_exact, distance, log_bucket)
+
+
+def t5_bias(table_NxH: chex.Array, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
+            max_distance: int) -> chex.Array:
+  """b[bucket(j - i)] arranged as B x H x Lq x Lk."""
+  num_buckets, num_heads = table_NxH.shape
+  buckets_BxLqxLk = t5_bucket(relative_positions(q_positions_BxLq, k_positions_BxLk),
+                              bidirectional=bidirectional, num_buckets=num_buckets,
+                              max_distance=max_distance)
+  bias_BxLqxLkxH = table_NxH[buckets_BxLqxLk]
+  bias = jnp.transpose(bias_BxLqxLkxH, (0, 3, 1, 2))
+  chex.assert_shape(bias, (buckets_BxLqxLk.shape[0], num_heads, *buckets_BxLqxLk.shape[1:]))
+  return bias
+
+
+def _bias_table(module: nn.Module):
+  return module.param('relative_bias', nn.initializers.normal(stddev=0.02),
+                      (module.config.num_buckets, module.num_heads))
+
+
+def _bias(module: nn.Module, table, q_positions, k_positions):
+  return t5_bias(table, q_positions, k_positions, bidirectional=not module.causal,
+                 max_distance=module.config.max_distance)
+
+
+class T5Stack(StackPositions):
+  """With shared_across_layers, owns the one table and builds the bias once per forward pass."""
+
+  def setup(self):
+    if self.config.shared_across_layers:
+      self.table = _bias_table(self)
+
+  def shared(self, q_positions_BxLq, k_positions_BxLk):
+    if not self.config.shared_across_layers:
+      return None
+    return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
+
+
+class T5Layer(LayerPositions):
+  """Adds the shared bias, or, without sharing, its own layer's bias."""
+
+  def setup(self):
+    if not self.config.shared_across_layers:
+      self.table = _bias_table(self)
+
+  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+    if self.config.shared_across_layers:
+      return shared
+    return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)

@@ -1,0 +1,31 @@
+"""Numerically stable, mask-aware softmax."""
+
+from typing import Optional
+
+import chex
+import jax.numpy as jnp
+
+
+def masked_fill_value(dtype) -> float:
+  """The large finite negative used for masked logits (never -inf, which gives NaN)."""
+  return float(jnp.finfo(dtype).min)
+
+
+def softmax(logits: chex.Array, mask: Optional[chex.Array] = None, axis: int = -1) -> chex.Array:
+  """softmax(x)_i = exp(x_i - max_j x_j) / sum_k exp(x_k - max_j x_j), over allowed entries.
+
+  Subtracting the row maximum keeps exp() in range for logits of any size (1e4 is fine). Masked
+  entries (mask False) get weight exactly 0; a row whose entries are all masked gives all zeros,
+  not NaN and not a uniform row.
+  """
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, logits.shape)
+    logits = jnp.where(mask, logits, masked_fill_value(logits.dtype))
+  row_max = jnp.max(logits, axis=axis, keepdims=True)
+  exponentials = jnp.exp(logits - row_max)
+  if mask is not None:
+    exponentials = jnp.where(mask, exponentials, 0.0)
+  total = jnp.sum(exponentials, axis=axis, keepdims=True)
+  weights = exponentials / jnp.where(total == 0.0, 1.0, total)
+  chex.assert_equal_shape([weights, logits])
+  return weights
