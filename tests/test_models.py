@@ -144,7 +144,7 @@ def test_presets():
 
 
 @pytest.mark.parametrize('field,value,message', [
-    ('model_dim', 30, 'model_dim: got 30; valid: a multiple of num_heads=4'),
+    ('model_dim', 30, 'num_heads: got 4; valid: a divisor of model_dim=30'),
     ('num_heads', 0, 'num_heads: got 0; valid: a positive integer'),
     ('norm', 'middle', "norm: got 'middle'; valid: post, pre"),
     ('dropout_rate', 1.5, 'dropout_rate: got 1.5'),

@@ -71,8 +71,8 @@ class ModelConfig:
       _require(getattr(self, name) > 0, name, getattr(self, name), 'a positive integer')
     for name in ('num_encoder_layers', 'num_decoder_layers', 'input_features'):
       _require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
-    _require(self.model_dim % self.num_heads == 0, 'model_dim', self.model_dim,
-             f'a multiple of num_heads={self.num_heads}')
+    _require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
+             f'a divisor of model_dim={self.model_dim}')
     for name in ('dropout_rate', 'attention_dropout_rate'):
       _require(0.0 <= getattr(self, name) < 1.0, name, getattr(self, name), 'a rate in [0, 1)')
     _require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))

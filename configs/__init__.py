@@ -1,0 +1,1 @@
+"""ml_collections configs, one per experiment. Plain data: imports only ml_collections."""

@@ -1,0 +1,66 @@
+"""Every field with its default. Experiment configs start from get_base_config() and change what
+differs; overrides come from the command line as --config.section.field=value."""
+
+import ml_collections
+
+
+def get_base_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0                      # seeds parameters, batches and dropout
+  config.parallel = 'pmap'             # 'pmap' (pmap + pmean) or 'mesh' (jit + NamedSharding over a mesh)
+
+  config.task = ml_collections.ConfigDict()
+  config.task.name = 'copy'            # see experiments/tasks: copy, reverse, ...
+  config.task.model_kind = 'decoder_only'  # decoder_only or encoder_decoder
+  config.task.vocab_size = 16          # symbols the task draws from (specials are added on top)
+  config.task.min_length = 1           # shortest training sequence (before specials)
+  config.task.max_length = 16          # longest training sequence; the "training length" L
+  config.task.eval_lengths = (8, 16, 32, 64)  # lengths evaluated at the end (and every eval_every)
+  config.task.eval_batches = 2         # batches per evaluation length
+
+  config.model = ml_collections.ConfigDict()
+  config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'
+  config.model.model_dim = 64          # d_model
+  config.model.num_heads = 4           # heads; model_dim must be a multiple
+  config.model.feed_forward_dim = 256  # d_ff
+  config.model.num_encoder_layers = 2  # encoder layers (encoder_decoder, encoder_only)
+  config.model.num_decoder_layers = 2  # decoder layers (decoder_only, encoder_decoder)
+  config.model.dropout_rate = 0.0      # residual, embedding and feed-forward dropout
+  config.model.attention_dropout_rate = 0.0  # dropout on attention weights
+  config.model.activation = 'relu'     # 'relu' (the paper) or 'gelu'
+  config.model.norm = 'pre'            # 'post' (the paper) or 'pre'
+  config.model.tie_embeddings = True   # output projection = input embedding transposed
+  config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
+  config.model.bidirectional = True    # recurrent encoders read both directions
+
+  config.model.position = ml_collections.ConfigDict()
+  config.model.position.kind = 'sinusoidal'  # none, sinusoidal, learned, shaw, t5, tupe_a, tupe_r, rope, alibi
+  config.model.position.max_length = 256     # learned: table rows; must cover every evaluated length
+  config.model.position.sinusoidal_base = 10000.0  # sinusoidal (and TUPE's table): wavelength base
+  config.model.position.rope_base = 10000.0  # rope: theta_i = base^(-2i/d)
+  config.model.position.clip_distance = 16   # shaw: relative distances clipped to [-k, k]
+  config.model.position.per_head = False     # shaw: one table per head
+  config.model.position.num_buckets = 32     # t5, tupe_r: relative buckets
+  config.model.position.max_distance = 128   # t5, tupe_r: distance of the last bucket
+  config.model.position.shared_across_layers = True  # t5, tupe_r: one bias for all layers
+  config.model.position.absolute_table = 'sinusoidal'  # tupe: 'sinusoidal' or 'learned' p_i
+  config.model.position.cls_reset = True     # tupe: reset the [CLS] row/column (encoder-only)
+
+  config.train = ml_collections.ConfigDict()
+  config.train.steps = 2000            # optimisation steps
+  config.train.batch_size = 64         # global batch, split over every device of every host
+  config.train.optimizer = 'adamw'     # 'adamw' or 'adam'
+  config.train.learning_rate = 1e-3    # peak learning rate
+  config.train.schedule = 'warmup_rsqrt'  # 'warmup_rsqrt' (the paper), 'warmup_cosine', 'constant'
+  config.train.warmup_steps = 200      # linear warm-up steps
+  config.train.beta1 = 0.9             # Adam beta1 (the paper)
+  config.train.beta2 = 0.98            # Adam beta2 (the paper)
+  config.train.epsilon = 1e-9          # Adam epsilon (the paper)
+  config.train.weight_decay = 0.0      # AdamW decoupled weight decay
+  config.train.gradient_clip = 1.0     # global-norm clipping; 0 disables
+  config.train.label_smoothing = 0.0   # the paper uses 0.1
+  config.train.log_every = 50          # steps between training-metric records
+  config.train.eval_every = 500        # steps between evaluations (and one at the end)
+  config.train.checkpoint_every = 500  # steps between checkpoints (and one at the end)
+  config.train.keep_checkpoints = 2    # how many checkpoints to keep
+  return config

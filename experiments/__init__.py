@@ -1,0 +1,1 @@
+"""Command-line entry points, the training loop, parallelism, checkpoints, metrics and tasks."""

@@ -1,0 +1,100 @@
+"""All device placement lives here: the training loop never asks which path runs.
+
+pmap (default): parameters replicated on every local device, each device takes an equal slice of
+the batch, sums and gradients are psum-ed (the gradient of the global mean).
+mesh: one jit-compiled program over a 1-D device mesh ('data'); the batch is sharded along it
+with NamedSharding, parameters replicated; XLA inserts the collectives.
+Both work across hosts after jax.distributed.initialize: every host builds the same global batch
+from (seed, step, split) and places its own part.
+"""
+
+import functools
+import os
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXIS = 'batch'
+
+
+def initialize_distributed(coordinator_address: Optional[str], num_processes: Optional[int],
+                           process_id: Optional[int]) -> None:
+  """jax.distributed.initialize for multi-host runs, from flags or JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID. Does nothing for a single process."""
+  address = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
+  count = num_processes or int(os.environ.get('JAX_NUM_PROCESSES', '0') or 0)
+  index = process_id if process_id is not None else os.environ.get('JAX_PROCESS_ID')
+  if not address and count <= 1:
+    return
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU collectives across processes
+  jax.distributed.initialize(coordinator_address=address, num_processes=count or None,
+                             process_id=None if index is None else int(index))
+  logging.info('process %d of %d, %d local of %d devices', jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())
+
+
+class Placement:
+  """Moves states and batches to devices and compiles the steps for one parallel mode."""
+
+  def __init__(self, mode: str, devices: Optional[list] = None):
+    """devices: all devices of all hosts by default; a subset (single host only) for comparisons."""
+    self.mode = mode
+    devices = list(devices) if devices is not None else jax.devices()
+    self.num_devices = len(devices)
+    self.local_devices = [d for d in devices if d.process_index == jax.process_index()]
+    if mode == 'mesh':
+      self.mesh = Mesh(np.asarray(devices), (AXIS,))
+      self.replicated = NamedSharding(self.mesh, PartitionSpec())
+      self.sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))
+
+  # ---- batches ----
+  def put_batch(self, global_batch: dict) -> dict:
+    if self.mode == 'mesh':
+      return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
+              for k, v in global_batch.items()}
+    per_host = len(next(iter(global_batch.values()))) // jax.process_count()
+    start = jax.process_index() * per_host
+    local_count = len(self.local_devices)
+    return {k: v[start:start + per_host].reshape(local_count, per_host // local_count, *v.shape[1:])
+            for k, v in global_batch.items()}
+
+  # ---- states ----
+  def put_state(self, host_state):
+    if self.mode == 'mesh':
+      return jax.tree_util.tree_map(
+          lambda x: jax.make_array_from_callback(np.shape(x), self.replicated, lambda index: np.asarray(x)[index]),
+          host_state)
+    # pmap (jit + shard_map since JAX 0.8) returns arrays sharded over a mesh whose axis is named
+    # after its axis_name; placing the state on that very sharding keeps the step traced once.
+    count = len(self.local_devices)
+    replicas = NamedSharding(Mesh(np.asarray(self.local_devices), (AXIS,)), PartitionSpec(AXIS))
+    return jax.tree_util.tree_map(lambda x: jax.device_put(np.stack([np.asarray(x)] * count), replicas),
+                                  host_state)
+
+  def host_state(self, state):
+    """One copy on the host (numpy), for checkpoints."""
+    if self.mode == 'mesh':
+      return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), state)
+    return jax.tree_util.tree_map(lambda x: np.asarray(x[0]), state)
+
+  def to_host(self, metrics: dict) -> dict:
+    """Metrics are identical on every device (already reduced): read one copy."""
+    return self.host_state(metrics)
+
+  # ---- steps ----
+  def compile_train_step(self, step_fn: Callable) -> Callable:
+    """step_fn(state, batch, axis_name=...) -> (state, metrics); the state is donated."""
+    if self.mode == 'mesh':
+      return jax.jit(functools.partial(step_fn, axis_name=None), in_shardings=(self.replicated, self.sharded),
+                     out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+    return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS, donate_argnums=0)
+
+  def compile_eval_step(self, eval_fn: Callable) -> Callable:
+    """eval_fn(params, batch, axis_name=...) -> summed metrics."""
+    if self.mode == 'mesh':
+      return jax.jit(functools.partial(eval_fn, axis_name=None), in_shardings=(self.replicated, self.sharded),
+                     out_shardings=self.replicated)
+    return jax.pmap(functools.partial(eval_fn, axis_name=AXIS), axis_name=AXIS)

@@ -1,0 +1,166 @@
+"""The config, converted once into frozen dataclasses and validated, before anything compiles.
+
+Every error is a ConfigError whose message is one line naming the field, the value and what would
+be valid.
+"""
+
+import dataclasses
+import os
+import typing
+
+import ml_collections
+
+import transformer
+from experiments.tasks import TASKS
+from experiments.tasks.base import TaskSettings
+
+PARALLEL_MODES = ('pmap', 'mesh')
+OPTIMIZERS = ('adamw', 'adam')
+SCHEDULES = ('warmup_rsqrt', 'warmup_cosine', 'constant')
+
+
+class ConfigError(ValueError):
+  """A bad configuration: one line, naming the field, the value and what is valid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  steps: int
+  batch_size: int
+  optimizer: str
+  learning_rate: float
+  schedule: str
+  warmup_steps: int
+  beta1: float
+  beta2: float
+  epsilon: float
+  weight_decay: float
+  gradient_clip: float
+  label_smoothing: float
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+  keep_checkpoints: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  seed: int
+  parallel: str
+  task: TaskSettings
+  model: transformer.ModelConfig
+  train: TrainSettings
+
+
+def _check_type(field: str, value, expected: type):
+  if expected is float and isinstance(value, int) and not isinstance(value, bool):
+    return float(value)
+  if expected is tuple and isinstance(value, list):
+    value = tuple(value)
+  ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+  if not ok:
+    raise ConfigError(f'{field}: got {value!r} of type {type(value).__name__}; valid: a value of type '
+                      f'{expected.__name__}')
+  return value
+
+
+def _section(config: ml_collections.ConfigDict, prefix: str, cls, skip=()) -> dict:
+  """The fields of dataclass `cls` read from a ConfigDict section, type-checked; unknown fields fail."""
+  hints = typing.get_type_hints(cls)
+  wanted = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+  present = set(config.keys())
+  unknown = sorted(present - set(wanted) - set(skip))
+  if unknown:
+    raise ConfigError(f'{prefix}{unknown[0]}: unknown field; valid fields of {prefix.rstrip(".") or "config"}: '
+                      f'{", ".join(wanted)}')
+  values = {}
+  for name in wanted:
+    if name not in present:
+      if cls is transformer.ModelConfig or cls is transformer.PositionConfig:
+        continue  # the library's default applies
+      raise ConfigError(f'{prefix}{name}: missing; add it to configs/base.py')
+    values[name] = _check_type(prefix + name, config[name], hints[name])
+  return values
+
+
+def _positive(field: str, value, allow_zero: bool = False):
+  if value < 0 or (value == 0 and not allow_zero):
+    raise ConfigError(f'{field}: got {value!r}; valid: a {"non-negative" if allow_zero else "positive"} number')
+
+
+def _one_of(field: str, value, valid):
+  if value not in valid:
+    raise ConfigError(f'{field}: got {value!r}; valid: {", ".join(valid)}')
+
+
+def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Experiment:
+  """Validate and convert. num_devices is the global device count the batch is split over."""
+  top = {'seed', 'parallel', 'task', 'model', 'train'}
+  unknown = sorted(set(config.keys()) - top)
+  if unknown:
+    raise ConfigError(f'{unknown[0]}: unknown field; valid top-level fields: {", ".join(sorted(top))}')
+  seed = _check_type('seed', config.seed, int)
+  parallel = _check_type('parallel', config.parallel, str)
+  _one_of('parallel', parallel, PARALLEL_MODES)
+
+  task = TaskSettings(**_section(config.task, 'task.', TaskSettings))
+  _one_of('task.name', task.name, sorted(TASKS))
+  _one_of('task.model_kind', task.model_kind, TASKS[task.name].model_kinds)
+  for name in ('vocab_size', 'min_length', 'max_length', 'eval_batches'):
+    _positive(f'task.{name}', getattr(task, name))
+  if task.min_length > task.max_length:
+    raise ConfigError(f'task.min_length: got {task.min_length}; valid: at most task.max_length={task.max_length}')
+  for length in task.eval_lengths:
+    if not isinstance(length, int) or length <= 0:
+      raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}; valid: a tuple of positive integers')
+  if not task.eval_lengths:
+    raise ConfigError('task.eval_lengths: got (); valid: at least one length')
+
+  train = TrainSettings(**_section(config.train, 'train.', TrainSettings))
+  for name in ('steps', 'batch_size', 'learning_rate', 'log_every', 'eval_every', 'checkpoint_every',
+               'keep_checkpoints'):
+    _positive(f'train.{name}', getattr(train, name))
+  for name in ('warmup_steps', 'weight_decay', 'gradient_clip', 'epsilon'):
+    _positive(f'train.{name}', getattr(train, name), allow_zero=True)
+  _one_of('train.optimizer', train.optimizer, OPTIMIZERS)
+  _one_of('train.schedule', train.schedule, SCHEDULES)
+  if not 0.0 <= train.label_smoothing < 1.0:
+    raise ConfigError(f'train.label_smoothing: got {train.label_smoothing!r}; valid: a number in [0, 1)')
+  if train.batch_size % num_devices:
+    raise ConfigError(f'train.batch_size: got {train.batch_size}; valid: a multiple of the device count '
+                      f'{num_devices} (the global batch is split evenly over devices)')
+
+  task_object = TASKS[task.name](task)
+  try:
+    position = transformer.PositionConfig(**_section(config.model.position, 'model.position.',
+                                                     transformer.PositionConfig))
+    model_fields = _section(config.model, 'model.', transformer.ModelConfig,
+                            skip=('position', 'vocab_size', 'num_outputs', 'input_features'))
+    model = transformer.ModelConfig(position=position, vocab_size=task_object.vocab_size, **model_fields)
+  except ConfigError:
+    raise
+  except ValueError as error:  # the library names the field without the section
+    raise ConfigError(f'model.{error}') from None
+
+  longest = max(task_object.sequence_length(n) for n in (task.max_length, *task.eval_lengths))
+  uses_table = position.kind == 'learned' or (position.kind.startswith('tupe') and position.absolute_table == 'learned')
+  if uses_table and longest > position.max_length:
+    raise ConfigError(f'model.position.max_length: got {position.max_length}; valid: at least {longest}, the longest '
+                      f'sequence of task.eval_lengths={task.eval_lengths} (learned positions cannot extrapolate)')
+  return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
+
+
+def check_workdir(workdir: str) -> None:
+  """The workdir must be creatable and writable; checked without creating anything."""
+  path = os.path.abspath(workdir)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f'workdir: got {workdir!r}, which is a file; valid: a directory path')
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f'workdir: got {workdir!r}; valid: a path under a writable directory ({existing} is not)')
+
+
+def to_dict(experiment: Experiment) -> dict:
+  return dataclasses.asdict(experiment)

@@ -1,0 +1,6 @@
+"""Tasks: each samples batches as a pure function of (seed, step, split, length) and scores them."""
+
+from experiments.tasks.algorithmic import ALGORITHMIC_TASKS
+from experiments.tasks.base import Task
+
+TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS)

@@ -1,0 +1,97 @@
+"""The task interface, and the token-prediction loss and metrics most tasks share."""
+
+import abc
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+SPLITS = {'train': 0, 'eval': 1, 'test': 2}
+PAD, BOS, SEP, EOS = 0, 1, 2, 3
+NUM_SPECIALS = 4
+
+
+def batch_rng(seed: int, split: str, step: int, length: int = 0) -> np.random.Generator:
+  """The one source of randomness for data: a batch is a pure function of these four numbers."""
+  if split not in SPLITS:
+    raise ValueError(f'split: got {split!r}; valid: {", ".join(SPLITS)}')
+  return np.random.default_rng([seed, SPLITS[split], step, length])
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+  name: str
+  model_kind: str
+  vocab_size: int
+  min_length: int
+  max_length: int
+  eval_lengths: tuple
+  eval_batches: int
+
+
+class Task(abc.ABC):
+  """A task. Batches are dicts of numpy arrays with a leading batch axis:
+  decoder-only: inputs, targets, weights (loss mask), valid (padding mask), all B x T;
+  encoder-decoder: additionally source and source_valid, B x S."""
+  model_kinds: tuple = ('decoder_only', 'encoder_decoder')
+
+  def __init__(self, settings: TaskSettings):
+    self.settings = settings
+
+  @property
+  def vocab_size(self) -> int:
+    """The model's vocabulary: the task's symbols plus the specials."""
+    return self.settings.vocab_size + NUM_SPECIALS
+
+  @abc.abstractmethod
+  def batch(self, seed: int, step: int, split: str, batch_size: int, length: int | None = None) -> dict:
+    """Training batches mix lengths up to max_length (length=None); evaluation fixes the length."""
+
+  @abc.abstractmethod
+  def sequence_length(self, length: int) -> int:
+    """The longest sequence the model sees for a problem of this length (for position tables)."""
+
+  def model_inputs(self, batch: dict) -> tuple[tuple, dict]:
+    if self.settings.model_kind == 'encoder_decoder':
+      return ((batch['source'], batch['inputs']),
+              dict(source_valid_BxLs=batch['source_valid'], target_valid_BxLt=batch['valid']))
+    return (batch['inputs'],), dict(valid_BxL=batch['valid'])
+
+  def loss_and_metrics(self, logits_BxTxV, batch: dict, label_smoothing: float = 0.0) -> dict:
+    """Sums (not means), so that devices and hosts can add them: loss, weight, correct tokens,
+    correct sequences, sequences. The training objective is loss_sum / weight_sum."""
+    return token_loss_and_metrics(logits_BxTxV, batch['targets'], batch['weights'], label_smoothing)
+
+
+def token_loss_and_metrics(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing: float) -> dict:
+  """Cross-entropy with label smoothing (Szegedy et al. 2016; the paper uses 0.1), and accuracies."""
+  vocab = logits_BxTxV.shape[-1]
+  logits = logits_BxTxV.astype(jnp.float32)
+  confidence = 1.0 - label_smoothing
+  soft_targets = jax.nn.one_hot(targets_BxT, vocab) * confidence + label_smoothing / vocab
+  smoothed = optax.softmax_cross_entropy(logits, soft_targets)
+  # Subtract the entropy of the soft targets so that a perfect prediction scores 0.
+  floor = -(confidence * jnp.log(confidence) + label_smoothing * jnp.log(label_smoothing / vocab + 1e-20)) \
+      if label_smoothing > 0 else 0.0
+  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, targets_BxT)
+  weights = weights_BxT.astype(jnp.float32)
+  correct = (jnp.argmax(logits, -1) == targets_BxT).astype(jnp.float32) * weights
+  has_targets = jnp.sum(weights, axis=-1) > 0
+  sequence_correct = jnp.logical_and(jnp.sum(correct, -1) == jnp.sum(weights, -1), has_targets)
+  return dict(loss_sum=jnp.sum((smoothed - floor) * weights),
+              cross_entropy_sum=jnp.sum(cross_entropy * weights),
+              weight_sum=jnp.sum(weights),
+              correct_tokens=jnp.sum(correct),
+              correct_sequences=jnp.sum(sequence_correct.astype(jnp.float32)),
+              sequences=jnp.sum(has_targets.astype(jnp.float32)))
+
+
+def summarize(sums: dict) -> dict:
+  """Means from summed metrics: loss (the objective), cross_entropy, token and sequence accuracy."""
+  weight = max(float(sums['weight_sum']), 1.0)
+  return dict(loss=float(sums['loss_sum']) / weight,
+              cross_entropy=float(sums['cross_entropy_sum']) / weight,
+              token_accuracy=float(sums['correct_tokens']) / weight,
+              sequence_accuracy=float(sums['correct_sequences']) / max(float(sums['sequences']), 1.0))

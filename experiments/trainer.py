@@ -1,0 +1,167 @@
+"""The training loop: resume, train, log, evaluate, checkpoint; stop cleanly on SIGTERM/SIGINT and
+loudly on a non-finite loss."""
+
+import functools
+import json
+import os
+import signal
+import sys
+import time
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+from absl import logging
+
+import transformer
+from experiments import training
+from experiments.checkpoints import Checkpoints
+from experiments.metrics import MetricsWriter
+from experiments.parallel import Placement
+from experiments.settings import Experiment, to_dict
+from experiments.tasks import TASKS
+from experiments.tasks.base import summarize
+
+
+class NonFiniteLoss(RuntimeError):
+  pass
+
+
+class _StopRequest:
+  """Turns SIGTERM and SIGINT into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.signal_name = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._previous[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: leave signals alone
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal_name = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def write_json_atomically(path: str, payload: dict) -> None:
+  temporary = path + '.tmp'
+  with open(temporary, 'w') as file:
+    json.dump(payload, file, indent=2, sort_keys=True)
+  os.replace(temporary, path)
+
+
+class _Progress:
+  """A tqdm bar on a terminal; plain log lines elsewhere."""
+
+  def __init__(self, start: int, total: int):
+    self.bar = None
+    if sys.stderr.isatty():
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      self.bar = tqdm(total=total, initial=start, unit='step', dynamic_ncols=True)
+
+  def update(self, step: int, record: Optional[dict]):
+    if self.bar is not None:
+      self.bar.update(1)
+      if record:
+        self.bar.set_postfix(loss=f'{record["loss"]:.4f}', tokens_per_s=f'{record["tokens_per_second"]:.0f}')
+    elif record:
+      logging.info('step %d loss %.4f token_accuracy %.3f tokens/s %.0f', step, record['loss'],
+                   record['token_accuracy'], record['tokens_per_second'])
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+
+
+def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lambda f: f,
+        devices: Optional[list] = None) -> dict:
+  """Train (or resume) to experiment.train.steps. Returns the last evaluation's records by length.
+
+  devices: every device by default; tests pass a subset to compare device counts in one process.
+  """
+  primary = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  if primary:
+    write_json_atomically(os.path.join(workdir, 'config.json'), to_dict(experiment))
+
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  placement = Placement(experiment.parallel, devices)
+  checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints)
+  host_state = jax.device_get(training.create_train_state(experiment, model, task))
+  start_step, host_state = checkpoints.restore_latest(host_state)
+  start_step = start_step or 0
+  if start_step:
+    logging.info('resuming from the checkpoint at step %d', start_step)
+  metrics = MetricsWriter(workdir, primary, start_step)
+  state = placement.put_state(host_state)
+  train_step = placement.compile_train_step(wrap_train_step(functools.partial(
+      training.train_step, model=model, task=task, experiment=experiment)))
+  eval_step = placement.compile_eval_step(functools.partial(training.eval_step, model=model, task=task))
+
+  train = experiment.train
+  started = time.time()
+  progress = _Progress(start_step, train.steps)
+  last_evaluation = {}
+  step = start_step
+  try:
+    with _StopRequest() as stop:
+      window_start, window_tokens = time.time(), 0.0
+      while step < train.steps:
+        batch = task.batch(experiment.seed, step, 'train', train.batch_size)
+        state, step_metrics = train_step(state, placement.put_batch(batch))
+        step += 1
+        host_metrics = placement.to_host(step_metrics)
+        window_tokens += float(np.sum(batch['valid']))
+        summary = summarize(host_metrics)
+        if not np.isfinite(summary['loss']):
+          raise NonFiniteLoss(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good '
+                              f'checkpoint (step {checkpoints.manager.latest_step()}) is kept in '
+                              f'{checkpoints.directory}')
+        record = None
+        if step % train.log_every == 0 or step == train.steps:
+          elapsed = max(time.time() - window_start, 1e-9)
+          record = dict(step=step, split='train', **summary,
+                        learning_rate=float(host_metrics['learning_rate']),
+                        gradient_norm=float(host_metrics['gradient_norm']),
+                        tokens_per_second=window_tokens / elapsed, wall_time=time.time() - started)
+          metrics.write(record)
+          window_start, window_tokens = time.time(), 0.0
+        progress.update(step, record)
+        if step % train.eval_every == 0 or step == train.steps:
+          last_evaluation = evaluate(experiment, task, placement, eval_step, state, step, metrics, started)
+        if step % train.checkpoint_every == 0 or step == train.steps:
+          checkpoints.save(step, placement.host_state(state))
+        if stop.signal_name:
+          logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.signal_name, step)
+          checkpoints.save(step, placement.host_state(state))
+          break
+  finally:
+    progress.close()
+    metrics.close()
+    checkpoints.close()
+  return last_evaluation
+
+
+def evaluate(experiment, task, placement, eval_step, state, step, metrics, started) -> dict:
+  """Every evaluation length, task.eval_batches batches each, one record per length."""
+  records = {}
+  params = state.params
+  for length in experiment.task.eval_lengths:
+    totals = None
+    for index in range(experiment.task.eval_batches):
+      batch = task.batch(experiment.seed, index, 'eval', experiment.train.batch_size, length=length)
+      sums = placement.to_host(eval_step(params, placement.put_batch(batch)))
+      totals = sums if totals is None else jax.tree_util.tree_map(np.add, totals, sums)
+    record = dict(step=step, split='eval', length=length, **summarize(totals), wall_time=time.time() - started)
+    metrics.write(record)
+    records[length] = record
+  return records

@@ -1,0 +1,91 @@
+"""TrainState, the optimiser and its schedule, and the pure train and eval steps.
+
+Steps return summed metrics; the gradient is that of loss_sum / (global weight_sum), so one device,
+eight devices or eight hosts compute the same update (the global mean), up to summation order.
+"""
+
+import functools
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from experiments.settings import Experiment, TrainSettings
+from experiments.tasks.base import Task
+
+
+class TrainState(train_state.TrainState):
+  """params, opt_state, step, and the (static) apply_fn and tx."""
+
+
+def learning_rate_schedule(train: TrainSettings) -> optax.Schedule:
+  """warmup_rsqrt is the paper's lr = d^-0.5 min(s^-0.5, s warmup^-1.5), rescaled to peak at
+  train.learning_rate when s = warmup_steps."""
+  peak, warmup = train.learning_rate, max(train.warmup_steps, 1)
+  if train.schedule == 'warmup_rsqrt':
+    def schedule(step):
+      step = jnp.maximum(step.astype(jnp.float32) + 1.0, 1.0)
+      return peak * jnp.minimum(step / warmup, jnp.sqrt(warmup / step))
+    return schedule
+  if train.schedule == 'warmup_cosine':
+    return optax.warmup_cosine_decay_schedule(0.0, peak, warmup, max(train.steps, warmup + 1))
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
+
+
+def make_optimizer(train: TrainSettings) -> optax.GradientTransformation:
+  schedule = learning_rate_schedule(train)
+  if train.optimizer == 'adamw':
+    optimizer = optax.adamw(schedule, train.beta1, train.beta2, train.epsilon, weight_decay=train.weight_decay)
+  else:
+    optimizer = optax.adam(schedule, train.beta1, train.beta2, train.epsilon)
+  if train.gradient_clip > 0:
+    optimizer = optax.chain(optax.clip_by_global_norm(train.gradient_clip), optimizer)
+  return optimizer
+
+
+def create_train_state(experiment: Experiment, model: nn.Module, task: Task) -> TrainState:
+  """Parameters initialised from the seed on a training-shaped batch (on the host, not sharded)."""
+  sample = task.batch(experiment.seed, 0, 'train', 2)
+  args, kwargs = task.model_inputs(sample)
+  params = jax.jit(lambda key: model.init(key, *args, **kwargs)['params'])(jax.random.PRNGKey(experiment.seed))
+  return TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(experiment.train))
+
+
+def _forward_sums(params, batch, *, model, task, label_smoothing, dropout_key, deterministic):
+  args, kwargs = task.model_inputs(batch)
+  rngs = {} if deterministic else {'dropout': dropout_key}
+  logits = model.apply({'params': params}, *args, deterministic=deterministic, rngs=rngs, **kwargs)
+  return task.loss_and_metrics(logits, batch, label_smoothing)
+
+
+def train_step(state: TrainState, batch: dict, *, model, task, experiment: Experiment,
+               axis_name: Optional[str] = None) -> tuple[TrainState, dict[str, Any]]:
+  """One optimisation step. With axis_name (pmap), sums and gradients are psum-ed over devices."""
+  dropout_key = jax.random.fold_in(jax.random.PRNGKey(experiment.seed + 1), state.step)
+  if axis_name is not None:
+    dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
+  reduce = (lambda x: jax.lax.psum(x, axis_name)) if axis_name is not None else (lambda x: x)
+  deterministic = experiment.model.dropout_rate == 0.0 and experiment.model.attention_dropout_rate == 0.0
+  forward = functools.partial(_forward_sums, model=model, task=task, dropout_key=dropout_key,
+                              label_smoothing=experiment.train.label_smoothing, deterministic=deterministic)
+
+  def objective(params):
+    sums = forward(params, batch)
+    total_weight = jax.lax.stop_gradient(jnp.maximum(reduce(sums['weight_sum']), 1.0))
+    return sums['loss_sum'] / total_weight, sums
+
+  grads, sums = jax.grad(objective, has_aux=True)(state.params)
+  grads, sums = reduce(grads), reduce(sums)
+  new_state = state.apply_gradients(grads=grads)
+  metrics = dict(sums, gradient_norm=optax.tree.norm(grads),
+                 learning_rate=learning_rate_schedule(experiment.train)(state.step))
+  return new_state, metrics
+
+
+def eval_step(params, batch: dict, *, model, task, axis_name: Optional[str] = None) -> dict:
+  sums = _forward_sums(params, batch, model=model, task=task, label_smoothing=0.0, dropout_key=None,
+                       deterministic=True)
+  return jax.lax.psum(sums, axis_name) if axis_name is not None else sums

@@ -1,0 +1,126 @@
+"""The command line, in real subprocesses: bad input, SIGTERM and resume, two hosts on loopback."""
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from experiments.metrics import read_metrics, without_wall_clock
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _environment(devices: int = 1) -> dict:
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env['JAX_PLATFORMS'] = 'cpu'
+  env['PYTHONPATH'] = str(ROOT)
+  return env
+
+
+def _command(workdir, *overrides, config='configs/smoke.py'):
+  return [sys.executable, '-m', 'experiments.train', f'--config={config}', f'--workdir={workdir}', *overrides]
+
+
+def _train(workdir, *overrides, devices=1, **kwargs):
+  return subprocess.run(_command(workdir, *overrides), cwd=ROOT, env=_environment(devices), capture_output=True,
+                        text=True, timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize('override,expected', [
+    ('--config.model.nonexistent=3', '--config.model.nonexistent: unknown config field'),
+    ('--config.model.position.kind=3', "model.position.kind: got '3'"),
+    ('--config.train.steps=many', "'many'"),
+    ('--config.train.steps=2.5', '2.5'),
+    ('--config.model.position.kind=fourier', "model.position.kind: got 'fourier'; valid: alibi, learned, none"),
+    ('--config.model.num_heads=3', 'model.num_heads: got 3; valid: a divisor of model_dim=32'),
+    ('--config.train.batch_size=0', 'train.batch_size: got 0; valid: a positive number'),
+    ('--config.task.name=tetris', "task.name: got 'tetris'; valid: copy"),
+    ('--config.model.position.kind=learned', 'model.position.max_length: got 20; valid: at least 26'),
+])
+def test_bad_override_exits_with_one_line_before_compiling_and_writes_nothing(tmp_path, override, expected):
+  workdir = tmp_path / 'run'
+  extra = ['--config.model.position.max_length=20'] if 'learned' in override else []
+  result = _train(workdir, override, *extra)
+  assert result.returncode != 0
+  errors = [line for line in result.stderr.splitlines() if line.strip()]
+  assert len(errors) == 1, result.stderr
+  assert errors[0].startswith('error: ') and expected in errors[0], errors[0]
+  assert not workdir.exists()
+
+
+def test_missing_config_file_and_missing_workdir_are_one_line_errors(tmp_path):
+  result = subprocess.run(_command(tmp_path / 'run', config='configs/nothere.py'), cwd=ROOT, env=_environment(),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and result.stderr.count('\n') == 1
+  assert result.stderr.startswith('error: --config: cannot load it') and 'configs/nothere.py' in result.stderr
+  result = subprocess.run([sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py'], cwd=ROOT,
+                          env=_environment(), capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2 and result.stderr.startswith('error: --workdir: missing')
+  assert not (tmp_path / 'run').exists()
+
+
+def test_batch_not_divisible_by_device_count(tmp_path):
+  result = _train(tmp_path / 'run', '--config.train.batch_size=12', devices=8)
+  assert result.returncode == 2
+  assert 'train.batch_size: got 12; valid: a multiple of the device count 8' in result.stderr
+  assert not (tmp_path / 'run').exists()
+
+
+def test_sigterm_saves_and_a_restart_matches_an_uninterrupted_run(tmp_path):
+  steps = ['--config.train.steps=60', '--config.train.log_every=1', '--config.train.eval_every=30',
+           '--config.train.checkpoint_every=100']
+  full = _train(tmp_path / 'full', *steps)
+  assert full.returncode == 0, full.stderr[-2000:]
+
+  interrupted = tmp_path / 'interrupted'
+  process = subprocess.Popen(_command(interrupted, *steps), cwd=ROOT, env=_environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  metrics = interrupted / 'metrics.jsonl'
+  deadline = time.time() + 120
+  while not (metrics.exists() and metrics.read_text().count('\n') >= 3) and time.time() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr[-2000:]
+  assert 'SIGTERM received' in stderr
+  stopped_at = [r['step'] for r in read_metrics(str(interrupted))][-1]
+  assert 3 <= stopped_at < 60, stopped_at
+  assert (interrupted / 'checkpoints' / str(stopped_at)).is_dir()
+
+  resumed = _train(interrupted, *steps)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert f'resuming from the checkpoint at step {stopped_at}' in resumed.stderr
+  assert without_wall_clock(read_metrics(str(interrupted))) == without_wall_clock(read_metrics(str(tmp_path / 'full')))
+
+
+def _free_port() -> int:
+  with socket.socket() as probe:
+    probe.bind(('localhost', 0))
+    return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
+def test_two_processes_on_loopback_match_one_process(tmp_path, parallel):
+  common = [f'--config.parallel={parallel}', '--config.train.log_every=1']
+  single = _train(tmp_path / 'single', *common, devices=2)
+  assert single.returncode == 0, single.stderr[-2000:]
+  address = f'localhost:{_free_port()}'
+  processes = [subprocess.Popen(
+      _command(tmp_path / 'multi', *common, f'--coordinator_address={address}', '--num_processes=2',
+               f'--process_id={index}'),
+      cwd=ROOT, env=_environment(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      for index in range(2)]
+  outputs = [p.communicate(timeout=300) for p in processes]
+  for process, (_, stderr) in zip(processes, outputs):
+    assert process.returncode == 0, stderr[-3000:]
+  assert 'process 1 of 2' in outputs[1][1]
+  multi = [r['loss'] for r in read_metrics(str(tmp_path / 'multi'))]
+  one = [r['loss'] for r in read_metrics(str(tmp_path / 'single'))]
+  assert len(multi) == len(one) > 20
+  assert max(abs(a - b) / abs(b) for a, b in zip(multi, one)) < 1e-5

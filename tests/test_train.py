@@ -1,0 +1,116 @@
+"""The runner: outputs, determinism, compile-once, 1 vs 8 devices (pmap and mesh), resumption."""
+
+import json
+import os
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from configs import smoke
+from experiments import settings, trainer
+from experiments.metrics import read_metrics, without_wall_clock
+
+
+def _experiment(**overrides):
+  config = smoke.get_config()
+  for dotted, value in overrides.items():
+    section = config
+    *parents, leaf = dotted.split('.')
+    for parent in parents:
+      section = section[parent]
+    section[leaf] = value
+  return settings.from_config_dict(config, num_devices=jax.device_count())
+
+
+def test_outputs_in_the_workdir(tmp_path):
+  experiment = _experiment()
+  evaluation = trainer.run(experiment, str(tmp_path))
+  assert set(evaluation) == set(experiment.task.eval_lengths)
+  resolved = json.loads((tmp_path / 'config.json').read_text())
+  assert resolved['model']['position']['kind'] == 'sinusoidal' and resolved['train']['steps'] == 20
+  records = read_metrics(str(tmp_path))
+  train_records = [r for r in records if r['split'] == 'train']
+  assert [r['step'] for r in train_records] == [5, 10, 15, 20]
+  for record in train_records:
+    assert {'step', 'split', 'loss', 'token_accuracy', 'sequence_accuracy', 'learning_rate',
+            'tokens_per_second', 'wall_time'} <= set(record)
+  assert train_records[-1]['loss'] < train_records[0]['loss']
+  eval_records = [r for r in records if r['split'] == 'eval']
+  assert sorted({(r['step'], r['length']) for r in eval_records}) == [(10, 6), (10, 12), (20, 6), (20, 12)]
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['10', '20']
+  assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path / 'tensorboard'))
+
+
+def test_same_config_and_seed_give_the_same_metrics(tmp_path):
+  experiment = _experiment()
+  trainer.run(experiment, str(tmp_path / 'first'))
+  trainer.run(experiment, str(tmp_path / 'second'))
+  first = without_wall_clock(read_metrics(str(tmp_path / 'first')))
+  assert first == without_wall_clock(read_metrics(str(tmp_path / 'second')))
+  trainer.run(_experiment(seed=1), str(tmp_path / 'other_seed'))
+  assert first != without_wall_clock(read_metrics(str(tmp_path / 'other_seed')))
+
+
+@pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
+def test_train_step_compiles_once(tmp_path, parallel):
+  experiment = _experiment(parallel=parallel)
+  traces = []
+
+  def wrap(step_fn):
+    @chex.assert_max_traces(n=1)
+    def counted(state, batch, axis_name=None):
+      traces.append(1)
+      return step_fn(state, batch, axis_name=axis_name)
+    return counted
+
+  chex.clear_trace_counter()
+  trainer.run(experiment, str(tmp_path), wrap_train_step=wrap)
+  assert len(traces) == 1  # 20 steps, one trace
+
+
+def _losses(workdir):
+  return np.array([r['loss'] for r in read_metrics(workdir)])
+
+
+@pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
+def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
+  assert jax.device_count() == 8, 'conftest.py asks for 8 CPU devices'
+  experiment = _experiment(parallel=parallel, **{'train.log_every': 1})
+  trainer.run(experiment, str(tmp_path / 'one'), devices=jax.devices()[:1])
+  trainer.run(experiment, str(tmp_path / 'eight'), devices=jax.devices())
+  one, eight = _losses(str(tmp_path / 'one')), _losses(str(tmp_path / 'eight'))
+  assert len(one) == 20 + 2 * 2
+  np.testing.assert_allclose(eight, one, rtol=1e-5)
+
+
+def test_pmap_and_mesh_agree(tmp_path):
+  trainer.run(_experiment(parallel='pmap'), str(tmp_path / 'pmap'))
+  trainer.run(_experiment(parallel='mesh'), str(tmp_path / 'mesh'))
+  np.testing.assert_allclose(_losses(str(tmp_path / 'mesh')), _losses(str(tmp_path / 'pmap')), rtol=1e-5)
+
+
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
+  full = _experiment()
+  trainer.run(full, str(tmp_path / 'full'))
+  trainer.run(_experiment(**{'train.steps': 10}), str(tmp_path / 'resumed'))
+  trainer.run(full, str(tmp_path / 'resumed'))
+  assert without_wall_clock(read_metrics(str(tmp_path / 'resumed'))) == without_wall_clock(
+      read_metrics(str(tmp_path / 'full')))
+
+
+def test_dropout_runs_and_differs_from_no_dropout(tmp_path):
+  trainer.run(_experiment(**{'model.dropout_rate': 0.3}), str(tmp_path / 'dropout'))
+  trainer.run(_experiment(), str(tmp_path / 'plain'))
+  assert not np.allclose(_losses(str(tmp_path / 'dropout')), _losses(str(tmp_path / 'plain')))
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+  experiment = _experiment(**{'train.learning_rate': 1e9, 'train.gradient_clip': 0.0, 'train.warmup_steps': 0,
+                              'train.checkpoint_every': 1, 'train.steps': 200})
+  with pytest.raises(trainer.NonFiniteLoss, match=r'at step (\d+)') as raised:
+    trainer.run(experiment, str(tmp_path))
+  bad_step = int(raised.value.args[0].split('at step ')[1].split(';')[0])
+  kept = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints'))
+  assert kept and max(kept) == bad_step - 1
