@@ -7,6 +7,7 @@ be valid.
 import dataclasses
 import os
 import typing
+from typing import Optional
 
 import ml_collections
 
@@ -131,6 +132,9 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
                       f'{num_devices} (the global batch is split evenly over devices)')
 
   task_object = TASKS[task.name](task)
+  problem = task_object.validate()
+  if problem:
+    raise ConfigError(problem)
   try:
     position = transformer.PositionConfig(**_section(config.model.position, 'model.position.',
                                                      transformer.PositionConfig))
@@ -143,11 +147,17 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     raise ConfigError(f'model.{error}') from None
 
   longest = max(task_object.sequence_length(n) for n in (task.max_length, *task.eval_lengths))
-  uses_table = position.kind == 'learned' or (position.kind.startswith('tupe') and position.absolute_table == 'learned')
-  if uses_table and longest > position.max_length:
+  if position_table_length(model) is not None and longest > position.max_length:
     raise ConfigError(f'model.position.max_length: got {position.max_length}; valid: at least {longest}, the longest '
                       f'sequence of task.eval_lengths={task.eval_lengths} (learned positions cannot extrapolate)')
   return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
+
+
+def position_table_length(model: transformer.ModelConfig) -> Optional[int]:
+  """The rows of a learned absolute table, when the variant has one: no sequence may be longer."""
+  position = model.position
+  learned = position.kind == 'learned' or (position.kind.startswith('tupe') and position.absolute_table == 'learned')
+  return position.max_length if learned else None
 
 
 def check_workdir(workdir: str) -> None:

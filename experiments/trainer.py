@@ -16,11 +16,14 @@ from absl import logging
 import transformer
 from experiments import training
 from experiments.checkpoints import Checkpoints
+from experiments.evaluation import evaluate
 from experiments.metrics import MetricsWriter
 from experiments.parallel import Placement
-from experiments.settings import Experiment, to_dict
+from experiments.settings import Experiment, position_table_length, to_dict
 from experiments.tasks import TASKS
-from experiments.tasks.base import summarize
+
+
+SUMMARY_FILE = 'summary.json'
 
 
 class NonFiniteLoss(RuntimeError):
@@ -121,7 +124,7 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
         step += 1
         host_metrics = placement.to_host(step_metrics)
         window_tokens += float(np.sum(batch['valid']))
-        summary = summarize(host_metrics)
+        summary = task.summarize(host_metrics)
         if not np.isfinite(summary['loss']):
           raise NonFiniteLoss(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good '
                               f'checkpoint (step {checkpoints.manager.latest_step()}) is kept in '
@@ -137,31 +140,19 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
           window_start, window_tokens = time.time(), 0.0
         progress.update(step, record)
         if step % train.eval_every == 0 or step == train.steps:
-          last_evaluation = evaluate(experiment, task, placement, eval_step, state, step, metrics, started)
+          last_evaluation = evaluate(task, experiment, placement, eval_step, state.params, step, metrics, started,
+                                     position_table_length(experiment.model))
         if step % train.checkpoint_every == 0 or step == train.steps:
           checkpoints.save(step, placement.host_state(state))
         if stop.signal_name:
           logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.signal_name, step)
           checkpoints.save(step, placement.host_state(state))
           break
+    if step == train.steps and primary:  # the marker of a finished run, written last
+      write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(
+          step=step, evaluation={str(k): v for k, v in last_evaluation.items()}))
   finally:
     progress.close()
     metrics.close()
     checkpoints.close()
   return last_evaluation
-
-
-def evaluate(experiment, task, placement, eval_step, state, step, metrics, started) -> dict:
-  """Every evaluation length, task.eval_batches batches each, one record per length."""
-  records = {}
-  params = state.params
-  for length in experiment.task.eval_lengths:
-    totals = None
-    for index in range(experiment.task.eval_batches):
-      batch = task.batch(experiment.seed, index, 'eval', experiment.train.batch_size, length=length)
-      sums = placement.to_host(eval_step(params, placement.put_batch(batch)))
-      totals = sums if totals is None else jax.tree_util.tree_map(np.add, totals, sums)
-    record = dict(step=step, split='eval', length=length, **summarize(totals), wall_time=time.time() - started)
-    metrics.write(record)
-    records[length] = record
-  return records

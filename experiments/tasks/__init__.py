@@ -2,5 +2,6 @@
 
 from experiments.tasks.algorithmic import ALGORITHMIC_TASKS
 from experiments.tasks.base import Task
+from experiments.tasks.shakespeare import Shakespeare
 
-TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS)
+TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS, shakespeare=Shakespeare)

@@ -1,8 +1,11 @@
-"""Algorithmic sequence transduction: copy, reverse, sort. No data; every batch is sampled.
+"""Algorithmic length generalisation: copy, reverse, sort, addition, parity, associative recall.
+No data; every example is sampled from (seed, step, split, length).
 
-Decoder-only layout:  BOS x_1 .. x_n SEP y_1 .. y_n EOS PAD ..; the loss covers y and EOS.
-Encoder-decoder:      source x_1 .. x_n; target BOS y_1 .. y_n -> y_1 .. y_n EOS.
-Lengths n are drawn uniformly in [min_length, max_length] for training; evaluation fixes n.
+Each task maps a problem of size n to an input x and an output y (symbols, already offset past
+the specials). The layouts are shared:
+  decoder-only:     BOS x SEP y EOS PAD ..   the loss covers y and EOS (teacher forcing)
+  encoder-decoder:  source x;  target BOS y -> y EOS
+Training sizes are drawn uniformly from [min_length, max_length]; evaluation fixes n.
 """
 
 import numpy as np
@@ -10,77 +13,169 @@ import numpy as np
 from experiments.tasks.base import BOS, EOS, NUM_SPECIALS, PAD, SEP, Task, batch_rng
 
 
-class TransductionTask(Task):
-  """y = f(x) for a fixed f on sequences of symbols."""
+class AlgorithmicTask(Task):
+  """Subclasses give the symbol count, the input and output sizes, and one example."""
 
-  def transform(self, symbols: np.ndarray) -> np.ndarray:
+  @property
+  def num_symbols(self) -> int:
+    return self.settings.vocab_size
+
+  @property
+  def vocab_size(self) -> int:
+    return self.num_symbols + NUM_SPECIALS
+
+  def input_size(self, n: int) -> int:
+    return n
+
+  def output_size(self, n: int) -> int:
+    return n
+
+  def example(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) for a problem of size n, as symbol indices in [0, num_symbols)."""
     raise NotImplementedError
 
   def sequence_length(self, length: int) -> int:
     if self.settings.model_kind == 'encoder_decoder':
-      return length + 1
-    return 2 * length + 2
+      return max(self.input_size(length), self.output_size(length) + 1)
+    return self.input_size(length) + self.output_size(length) + 2
 
   def batch(self, seed, step, split, batch_size, length=None):
     settings = self.settings
     rng = batch_rng(seed, split, step, length or 0)
     if length is None:
-      lengths = rng.integers(settings.min_length, settings.max_length + 1, size=batch_size)
+      sizes = rng.integers(settings.min_length, settings.max_length + 1, size=batch_size)
       padded = settings.max_length
     else:
-      lengths = np.full(batch_size, length)
+      sizes = np.full(batch_size, length)
       padded = length
-    symbols = rng.integers(NUM_SPECIALS, NUM_SPECIALS + settings.vocab_size, size=(batch_size, padded))
+    examples = []
+    for n in sizes:
+      x, y = self.example(rng, int(n))
+      examples.append((np.asarray(x) + NUM_SPECIALS, np.asarray(y) + NUM_SPECIALS))
     if settings.model_kind == 'encoder_decoder':
-      return self._encoder_decoder_batch(symbols, lengths, padded)
-    return self._decoder_only_batch(symbols, lengths, padded)
+      return self._encoder_decoder_batch(examples, padded)
+    return self._decoder_only_batch(examples, padded)
 
-  def _decoder_only_batch(self, symbols, lengths, padded):
-    batch_size = len(lengths)
-    total = self.sequence_length(padded) + 1
-    sequence = np.full((batch_size, total), PAD, np.int32)
-    weights = np.zeros((batch_size, total - 1), np.float32)
-    for b, n in enumerate(lengths):
-      x = symbols[b, :n]
-      row = np.concatenate([[BOS], x, [SEP], self.transform(x), [EOS]])
+  def _decoder_only_batch(self, examples, padded):
+    width = self.input_size(padded) + self.output_size(padded) + 3
+    sequence = np.full((len(examples), width), PAD, np.int32)
+    weights = np.zeros((len(examples), width - 1), np.float32)
+    valid = np.zeros((len(examples), width - 1), bool)
+    for b, (x, y) in enumerate(examples):
+      row = np.concatenate([[BOS], x, [SEP], y, [EOS]])
       sequence[b, :len(row)] = row
-      weights[b, n + 1:2 * n + 2] = 1.0  # predictions made at SEP .. y_n, i.e. of y_1 .. EOS
-    valid = (np.arange(total - 1)[None] < (2 * lengths + 2)[:, None])
+      weights[b, len(x) + 1:len(x) + len(y) + 2] = 1.0  # predictions of y_1 .. y_m and EOS
+      valid[b, :len(row) - 1] = True
     return dict(inputs=sequence[:, :-1], targets=sequence[:, 1:], weights=weights, valid=valid)
 
-  def _encoder_decoder_batch(self, symbols, lengths, padded):
-    batch_size = len(lengths)
-    source = np.full((batch_size, padded), PAD, np.int32)
-    target = np.full((batch_size, padded + 2), PAD, np.int32)
-    for b, n in enumerate(lengths):
-      x = symbols[b, :n]
-      source[b, :n] = x
-      target[b, :n + 2] = np.concatenate([[BOS], self.transform(x), [EOS]])
-    positions = np.arange(padded + 1)[None]
-    valid = positions < (lengths + 1)[:, None]
-    return dict(source=source, source_valid=np.arange(padded)[None] < lengths[:, None],
-                inputs=target[:, :-1], targets=target[:, 1:], weights=valid.astype(np.float32), valid=valid)
+  def _encoder_decoder_batch(self, examples, padded):
+    source = np.full((len(examples), self.input_size(padded)), PAD, np.int32)
+    target = np.full((len(examples), self.output_size(padded) + 2), PAD, np.int32)
+    source_valid = np.zeros(source.shape, bool)
+    valid = np.zeros((len(examples), target.shape[1] - 1), bool)
+    for b, (x, y) in enumerate(examples):
+      source[b, :len(x)] = x
+      source_valid[b, :len(x)] = True
+      target[b, :len(y) + 2] = np.concatenate([[BOS], y, [EOS]])
+      valid[b, :len(y) + 1] = True
+    return dict(source=source, source_valid=source_valid, inputs=target[:, :-1], targets=target[:, 1:],
+                weights=valid.astype(np.float32), valid=valid)
+
+  def _random_symbols(self, rng, n):
+    return rng.integers(0, self.num_symbols, size=n)
 
 
-class Copy(TransductionTask):
+class Copy(AlgorithmicTask):
   """y = x, the Annotated Transformer's classic."""
 
-  def transform(self, symbols):
-    return symbols
+  def example(self, rng, n):
+    x = self._random_symbols(rng, n)
+    return x, x
 
 
-class Reverse(TransductionTask):
+class Reverse(AlgorithmicTask):
   """y = x reversed."""
 
-  def transform(self, symbols):
-    return symbols[::-1]
+  def example(self, rng, n):
+    x = self._random_symbols(rng, n)
+    return x, x[::-1]
 
 
-class Sort(TransductionTask):
+class Sort(AlgorithmicTask):
   """y = x sorted ascending."""
 
-  def transform(self, symbols):
-    return np.sort(symbols)
+  def example(self, rng, n):
+    x = self._random_symbols(rng, n)
+    return x, np.sort(x)
 
 
-ALGORITHMIC_TASKS = {'copy': Copy, 'reverse': Reverse, 'sort': Sort}
+class Addition(AlgorithmicTask):
+  """a + b for two n-digit numbers. Digits are written least significant first (inputs and sum),
+  the order in which carries propagate: x = a_0..a_{n-1} + b_0..b_{n-1}, y = s_0..s_n.
+  Symbols: the digits 0-9 and '+'; task.vocab_size is not used."""
+  PLUS = 10
+
+  @property
+  def num_symbols(self):
+    return 11
+
+  def input_size(self, n):
+    return 2 * n + 1
+
+  def output_size(self, n):
+    return n + 1
+
+  def example(self, rng, n):
+    a, b = rng.integers(0, 10, size=n), rng.integers(0, 10, size=n)
+    total = sum(int(d) * 10 ** i for i, d in enumerate(a)) + sum(int(d) * 10 ** i for i, d in enumerate(b))
+    digits = [(total // 10 ** i) % 10 for i in range(n + 1)]
+    return np.concatenate([a, [self.PLUS], b]), np.asarray(digits)
+
+
+class Parity(AlgorithmicTask):
+  """y = (number of ones in the bit string x) mod 2: one output symbol. task.vocab_size is not used."""
+
+  @property
+  def num_symbols(self):
+    return 2
+
+  def output_size(self, n):
+    return 1
+
+  def example(self, rng, n):
+    x = rng.integers(0, 2, size=n)
+    return x, np.asarray([int(x.sum()) % 2])
+
+
+class Recall(AlgorithmicTask):
+  """Associative recall: n distinct keys each followed by its value, then one of the keys; y is
+  that key's value. Keys are the first task.vocab_size symbols, values 10 further symbols."""
+  NUM_VALUES = 10
+
+  @property
+  def num_symbols(self):
+    return self.settings.vocab_size + self.NUM_VALUES
+
+  def input_size(self, n):
+    return 2 * n + 1
+
+  def output_size(self, n):
+    return 1
+
+  def validate(self):
+    longest = max(self.settings.max_length, *self.settings.eval_lengths)
+    if self.settings.vocab_size < longest:
+      return (f'task.vocab_size: got {self.settings.vocab_size}; valid: at least {longest} for recall, whose '
+              f'keys are distinct (the longest length in task.max_length and task.eval_lengths)')
+    return None
+
+  def example(self, rng, n):
+    keys = rng.choice(self.settings.vocab_size, size=n, replace=False)
+    values = self.settings.vocab_size + rng.integers(0, self.NUM_VALUES, size=n)
+    query = rng.integers(0, n)
+    pairs = np.stack([keys, values], axis=1).reshape(-1)
+    return np.concatenate([pairs, [keys[query]]]), np.asarray([values[query]])
+
+
+ALGORITHMIC_TASKS = {'copy': Copy, 'reverse': Reverse, 'sort': Sort, 'addition': Addition, 'parity': Parity,
+                     'recall': Recall}

@@ -49,6 +49,18 @@ class Task(abc.ABC):
   def batch(self, seed: int, step: int, split: str, batch_size: int, length: int | None = None) -> dict:
     """Training batches mix lengths up to max_length (length=None); evaluation fixes the length."""
 
+  def validate(self) -> str | None:
+    """A one-line message naming the field when the settings cannot work for this task."""
+    return None
+
+  def host_metrics(self, batch: dict) -> dict:
+    """Extra summed metrics computed on the host in numpy (e.g. baselines on the same batch)."""
+    del batch
+    return {}
+
+  def summarize(self, sums: dict) -> dict:
+    return summarize(sums)
+
   @abc.abstractmethod
   def sequence_length(self, length: int) -> int:
     """The longest sequence the model sees for a problem of this length (for position tables)."""

@@ -1,0 +1,34 @@
+"""Character-level language model on Shakespeare, held out by work; bits per character at the
+training context (128) and at 2x, 4x and 8x it, the shape of the ALiBi paper's Figure 1.
+
+Command:  python -m experiments.train --config=configs/shakespeare.py --workdir=runs/shakespeare
+          (any variant: --config.model.position.kind=alibi)
+CPU time: about 4 minutes on a 2-core laptop (1,200 steps of a 2-layer, 128-wide decoder at
+          about 24,000 characters per second).
+Expected: well under 3 bits per character on the held-out plays at context 128, against 4.78
+          (unigram) and 3.63 (bigram) on the same windows; the longer contexts show which
+          encodings extrapolate.
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_base_config()
+  config.task.name = 'shakespeare'
+  config.task.max_length = 128
+  config.task.eval_lengths = (128, 256, 512, 1024)
+  config.task.eval_batches = 4
+  config.model.model_dim = 128
+  config.model.num_heads = 4
+  config.model.feed_forward_dim = 512
+  config.model.num_decoder_layers = 2
+  config.model.position.max_length = 1024
+  config.train.steps = 1200
+  config.train.batch_size = 32
+  config.train.learning_rate = 3e-3
+  config.train.warmup_steps = 200
+  config.train.log_every = 100
+  config.train.eval_every = 600
+  config.train.checkpoint_every = 600
+  return config

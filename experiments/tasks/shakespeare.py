@@ -1,0 +1,67 @@
+"""Character-level language modelling on the complete works of Shakespeare, held out by work.
+
+Training windows of task.max_length characters are drawn from 38 works; evaluation windows of
+each task.eval_lengths come from four held-out plays (Hamlet, Macbeth, The Tempest, Twelfth
+Night). The metric is bits per character over every position of a window. On the same windows
+the task also scores a unigram and a bigram character model fitted to the training works
+(add-one smoothing), the baselines a Transformer must beat.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+from experiments.data import shakespeare as data
+from experiments.tasks.base import Task, batch_rng, summarize
+
+SPLIT_FILES = {'train': 'train', 'eval': 'heldout', 'test': 'heldout'}
+
+
+@functools.lru_cache(maxsize=1)
+def _baselines() -> tuple[np.ndarray, np.ndarray]:
+  """log2 probabilities: unigram [V] and bigram [V, V] (previous, next), add-one smoothed."""
+  train, vocabulary = data.load('train')
+  size = len(vocabulary)
+  unigram = np.bincount(train, minlength=size).astype(np.float64) + 1.0
+  bigram = np.bincount(train[:-1].astype(np.int64) * size + train[1:], minlength=size * size)
+  bigram = bigram.reshape(size, size).astype(np.float64) + 1.0
+  return np.log2(unigram / unigram.sum()), np.log2(bigram / bigram.sum(axis=1, keepdims=True))
+
+
+class Shakespeare(Task):
+  model_kinds = ('decoder_only',)
+
+  @property
+  def vocab_size(self) -> int:
+    return data.vocabulary_size()
+
+  def sequence_length(self, length: int) -> int:
+    return length
+
+  def batch(self, seed, step, split, batch_size, length=None):
+    text, _ = data.load(SPLIT_FILES[split])
+    length = length or self.settings.max_length
+    rng = batch_rng(seed, split, step, length)
+    starts = rng.integers(0, len(text) - length - 1, size=batch_size)
+    windows = np.stack([text[s:s + length + 1] for s in starts]).astype(np.int32)
+    ones = np.ones((batch_size, length), np.float32)
+    return dict(inputs=windows[:, :-1], targets=windows[:, 1:], weights=ones, valid=ones.astype(bool))
+
+  def model_inputs(self, batch):
+    return (batch['inputs'],), dict(valid_BxL=batch['valid'])
+
+  def host_metrics(self, batch):
+    unigram, bigram = _baselines()
+    targets, weights = batch['targets'], batch['weights']
+    return dict(unigram_bits_sum=float(-(unigram[targets] * weights).sum()),
+                bigram_bits_sum=float(-(bigram[batch['inputs'], targets] * weights).sum()))  # inputs[t] precedes targets[t]
+
+  def summarize(self, sums):
+    summary = summarize(sums)
+    summary['bits_per_character'] = summary['cross_entropy'] / math.log(2)
+    weight = max(float(sums['weight_sum']), 1.0)
+    for name in ('unigram', 'bigram'):
+      if f'{name}_bits_sum' in sums:
+        summary[f'{name}_bits_per_character'] = float(sums[f'{name}_bits_sum']) / weight
+    return summary
