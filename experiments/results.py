@@ -1,0 +1,191 @@
+"""Aggregates a sweep's runs into tables and plots. The runs' metrics.jsonl files are the source."""
+
+import csv
+import dataclasses
+import json
+import math
+import os
+
+from experiments.trainer import SUMMARY_FILE, write_json_atomically
+
+FAILURES_FILE = 'failures.json'
+MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy')
+HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'bits_per_character': False}
+
+
+def run_name(variant: str, seed: int) -> str:
+  return f'{variant}-seed{seed}'
+
+
+def finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, SUMMARY_FILE))
+
+
+def read_failures(sweep: str) -> dict:
+  path = os.path.join(sweep, FAILURES_FILE)
+  return json.load(open(path)) if os.path.exists(path) else {}
+
+
+def write_failures(sweep: str, failures: dict) -> None:
+  write_json_atomically(os.path.join(sweep, FAILURES_FILE), failures)
+
+
+@dataclasses.dataclass
+class Table:
+  variants: list            # in the order asked for
+  lengths: list             # evaluation lengths
+  metrics: list             # the main metrics present
+  training_length: int
+  values: dict              # variant -> length -> metric -> [value per finished seed]
+  baselines: dict           # name -> length -> value (e.g. bigram bits per character)
+  curves: dict              # variant -> [(steps, losses) per seed]
+  seeds: dict               # variant -> number of finished seeds
+
+
+def _records(workdir: str) -> list:
+  with open(os.path.join(workdir, 'metrics.jsonl')) as file:
+    return [json.loads(line) for line in file]
+
+
+def aggregate(sweep: str, variants: list, seeds: int) -> Table:
+  values, baselines, curves, finished_seeds = {}, {}, {}, {}
+  lengths, metrics, training_length = set(), set(), 0
+  for variant in variants:
+    values[variant], curves[variant], finished_seeds[variant] = {}, [], 0
+    for seed in range(seeds):
+      workdir = os.path.join(sweep, run_name(variant, seed))
+      if not finished(workdir):
+        continue
+      finished_seeds[variant] += 1
+      training_length = json.load(open(os.path.join(workdir, 'config.json')))['task']['max_length']
+      records = _records(workdir)
+      final_step = max(r['step'] for r in records if r['split'] == 'eval')
+      for record in records:
+        if record['split'] == 'eval' and record['step'] == final_step:
+          length = record['length']
+          lengths.add(length)
+          for metric in MAIN_METRICS:
+            if metric in record:
+              metrics.add(metric)
+              values[variant].setdefault(length, {}).setdefault(metric, []).append(record[metric])
+          for name, value in record.items():
+            if name.endswith('_bits_per_character') and name != 'bits_per_character':
+              baselines.setdefault(name.replace('_bits_per_character', ''), {})[length] = value
+      train = [r for r in records if r['split'] == 'train']
+      curves[variant].append(([r['step'] for r in train], [r['loss'] for r in train]))
+  return Table(variants=list(variants), lengths=sorted(lengths), metrics=[m for m in MAIN_METRICS if m in metrics],
+               training_length=training_length, values=values, baselines=baselines, curves=curves,
+               seeds=finished_seeds)
+
+
+def mean_std(values: list) -> tuple:
+  mean = sum(values) / len(values)
+  std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+  return mean, std
+
+
+def write_tables(sweep: str, table: Table, failures: dict) -> list:
+  """results.csv (one row per variant, length and metric) and results.md (one table per metric)."""
+  csv_path, md_path = os.path.join(sweep, 'results.csv'), os.path.join(sweep, 'results.md')
+  with open(csv_path + '.tmp', 'w', newline='') as file:
+    writer = csv.writer(file)
+    writer.writerow(['variant', 'length', 'metric', 'mean', 'std', 'seeds', 'status'])
+    for variant in table.variants:
+      failed = [name for name in failures if name.startswith(variant + '-seed')]
+      for length in table.lengths:
+        for metric in table.metrics:
+          found = table.values[variant].get(length, {}).get(metric, [])
+          if found:
+            mean, std = mean_std(found)
+            writer.writerow([variant, length, metric, f'{mean:.6g}', f'{std:.6g}', len(found),
+                             'ok' if not failed else f'{len(failed)} failed'])
+      for name in failed:
+        writer.writerow([variant, '', '', '', '', 0, f'failed: {failures[name]}'])
+    for name, by_length in table.baselines.items():
+      for length, value in sorted(by_length.items()):
+        writer.writerow([f'{name} (baseline)', length, 'bits_per_character', f'{value:.6g}', '0', '', 'ok'])
+  os.replace(csv_path + '.tmp', csv_path)
+
+  lines = []
+  header = ['variant'] + [f'{n} (train)' if n == table.training_length else str(n) for n in table.lengths]
+  for metric in table.metrics:
+    better = 'higher' if HIGHER_IS_BETTER[metric] else 'lower'
+    lines += [f'### {metric} by evaluation length ({better} is better; mean ± std over seeds)', '',
+              '| ' + ' | '.join(header) + ' | seeds |', '|' + '---|' * (len(header) + 1)]
+    for variant in table.variants:
+      cells = []
+      for length in table.lengths:
+        found = table.values[variant].get(length, {}).get(metric, [])
+        if found:
+          mean, std = mean_std(found)
+          cells.append(f'{mean:.3f} ± {std:.3f}' if len(found) > 1 else f'{mean:.3f}')
+        else:
+          cells.append('—')
+      lines.append(f'| {variant} | ' + ' | '.join(cells) + f' | {table.seeds[variant]} |')
+    if metric == 'bits_per_character':
+      for name, by_length in table.baselines.items():
+        lines.append(f'| {name} (baseline) | ' + ' | '.join(
+            f'{by_length[n]:.3f}' if n in by_length else '—' for n in table.lengths) + ' | |')
+    lines.append('')
+  if failures:
+    lines += ['### Failed runs', '']
+    lines += [f'- `{name}`: {error}' for name, error in sorted(failures.items())]
+    lines.append('')
+  with open(md_path + '.tmp', 'w') as file:
+    file.write('\n'.join(lines))
+  os.replace(md_path + '.tmp', md_path)
+  return [csv_path, md_path]
+
+
+def plot(sweep: str, table: Table) -> list:
+  """plot_<metric>.png: the metric against evaluation length, a line per variant, a band spanning
+  the seeds, the training length marked; training_curves.png: training loss against step."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  written = []
+  for metric in table.metrics:
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for variant in table.variants:
+      points = [(n, table.values[variant][n][metric]) for n in table.lengths
+                if metric in table.values[variant].get(n, {})]
+      if not points:
+        continue
+      xs = [n for n, _ in points]
+      means = [mean_std(v)[0] for _, v in points]
+      line, = axis.plot(xs, means, marker='o', label=variant)
+      if any(len(v) > 1 for _, v in points):
+        axis.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=line.get_color(),
+                          alpha=0.2)
+    for name, by_length in table.baselines.items():
+      if metric == 'bits_per_character':
+        xs = sorted(by_length)
+        axis.plot(xs, [by_length[n] for n in xs], linestyle=':', color='grey', label=f'{name} baseline')
+    axis.axvline(table.training_length, color='black', linestyle='--', linewidth=1, label='training length')
+    axis.set_xscale('log', base=2)
+    axis.set_xticks(table.lengths, [str(n) for n in table.lengths])
+    axis.minorticks_off()
+    axis.set_xlabel('evaluation length')
+    axis.set_ylabel(metric.replace('_', ' '))
+    axis.legend(fontsize=8, ncol=2)
+    axis.grid(alpha=0.3)
+    path = os.path.join(sweep, f'plot_{metric}.png')
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    written.append(path)
+  figure, axis = plt.subplots(figsize=(7, 4.5))
+  for variant in table.variants:
+    for index, (steps, losses) in enumerate(table.curves[variant]):
+      axis.plot(steps, losses, label=variant if index == 0 else None,
+                color=f'C{table.variants.index(variant) % 10}', alpha=0.8)
+  axis.set_xlabel('step')
+  axis.set_ylabel('training loss')
+  axis.set_yscale('log')
+  axis.legend(fontsize=8, ncol=2)
+  axis.grid(alpha=0.3)
+  path = os.path.join(sweep, 'training_curves.png')
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+  return written + [path]

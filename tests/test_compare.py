@@ -1,0 +1,59 @@
+"""experiments.compare: one command over variants and seeds; failures reported; kill and rerun."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _environment() -> dict:
+  return dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
+              PYTHONPATH=str(ROOT))
+
+
+def _compare(workdir, *extra):
+  return [sys.executable, '-m', 'experiments.compare', '--config=configs/smoke.py', '--positions=none,alibi',
+          '--seeds=2', f'--workdir={workdir}', '--config.train.steps=10', '--config.train.eval_every=10', *extra]
+
+
+def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
+  command = [sys.executable, '-m', 'experiments.compare', '--config=configs/smoke.py', '--positions=learned,none',
+             '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=10', '--config.model.position.max_length=8']
+  result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  table = (tmp_path / 'results.md').read_text()
+  assert '| none | ' in table and '### Failed runs' in table
+  assert '`learned-seed0`: exit code 2: error: model.position.max_length: got 8' in table
+  assert (tmp_path / 'results.csv').read_text().count('failed: exit code 2') == 1
+  for name in ('plot_token_accuracy.png', 'plot_sequence_accuracy.png', 'training_curves.png'):
+    assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_path):
+  uninterrupted = subprocess.run(_compare(tmp_path / 'whole'), cwd=ROOT, env=_environment(), capture_output=True,
+                                 text=True, timeout=900)
+  assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+
+  sweep = tmp_path / 'killed'
+  process = subprocess.Popen(_compare(sweep), cwd=ROOT, env=_environment(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+  deadline = time.time() + 600
+  while not (sweep / 'none-seed1' / 'summary.json').exists() and time.time() < deadline:
+    time.sleep(0.1)
+  os.killpg(process.pid, signal.SIGKILL)  # compare and the run it was training, mid-sweep
+  process.wait()
+  finished_before = {p.parent.name: p.stat().st_mtime_ns for p in sweep.glob('*/summary.json')}
+  assert {'none-seed0', 'none-seed1'} <= set(finished_before)
+  assert not (sweep / 'results.md').exists()
+
+  rerun = subprocess.run(_compare(sweep), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900)
+  assert rerun.returncode == 0, rerun.stderr[-2000:]
+  for name, mtime in finished_before.items():
+    assert f'{name}: finished earlier, skipped' in rerun.stderr
+    assert (sweep / name / 'summary.json').stat().st_mtime_ns == mtime
+  assert (sweep / 'results.md').read_text() == (tmp_path / 'whole' / 'results.md').read_text()
+  assert (sweep / 'results.csv').read_text() == (tmp_path / 'whole' / 'results.csv').read_text()
