@@ -1,0 +1,194 @@
+"""Look inside a trained run: where it attends, and what its positional encoding contributes.
+
+  python -m experiments.analyze --workdir=runs/copy [--text="To be, or not to be"] [--length=16]
+
+Writes WORKDIR/analysis/:
+  attention_maps.png    every layer's and head's self-attention weights for one input
+  decomposition.png     absolute encodings (sinusoidal, learned): the first layer's logits split into
+                        word-word, word-position, position-word and position-position terms, the
+                        figure of Ke et al. (TUPE) that motivates untying (layer norm left out, as there)
+  position_terms.png    the additive position term per head: TUPE's (LN(p_i)U^Q)(LN(p_j)U^K)^T, the
+                        T5 bias or the ALiBi bias (variants that have one)
+  sinusoidal_table.png  PE(pos, dim)
+  sqrt_dk.png           why attention divides by sqrt(d_k): the spread of q.k and the saturation of the
+                        softmax as d_k grows, with and without the scale
+"""
+
+import json
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import app, flags
+
+import transformer
+from experiments.tasks import TASKS
+from experiments.tasks.base import TaskSettings
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A training run directory (with config.json and checkpoints).')
+_TEXT = flags.DEFINE_string('text', None, 'Input text (character-level language models).')
+_LENGTH = flags.DEFINE_integer('length', None, 'Problem size of the sampled input (default: the training length).')
+
+
+def load_run(workdir: str):
+  """(model config, task, params) of the newest checkpoint."""
+  with open(os.path.join(workdir, 'config.json')) as file:
+    resolved = json.load(file)
+  model_fields = dict(resolved['model'])
+  model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
+                                         **model_fields)
+  task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
+  task = TASKS[task_fields['name']](TaskSettings(**task_fields))
+  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+  step = manager.latest_step()
+  if step is None:
+    raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to analyse; train the run first')
+  params = manager.restore(step, args=ocp.args.StandardRestore())['params']
+  return model_config, task, jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def sqrt_dk_statistics(dims=(4, 16, 64, 256, 1024), keys: int = 64, samples: int = 256, seed: int = 0) -> dict:
+  """For q, k with unit-variance entries: std of q.k (grows as sqrt(d_k) unscaled, stays 1 scaled) and
+  the mean largest softmax weight over `keys` keys (near 1 = saturated, one-hot, vanishing gradients)."""
+  rng = np.random.default_rng(seed)
+  stats = {'dims': list(dims), 'std_unscaled': [], 'std_scaled': [], 'max_weight_unscaled': [], 'max_weight_scaled': []}
+  for dim in dims:
+    q = rng.standard_normal((samples, 1, dim)).astype(np.float32)
+    k = rng.standard_normal((samples, keys, dim)).astype(np.float32)
+    logits = np.einsum('sqd,skd->sqk', q, k)[:, 0]
+    for name, scale in (('unscaled', 1.0), ('scaled', 1.0 / math.sqrt(dim))):
+      stats[f'std_{name}'].append(float(np.std(logits * scale)))
+      stats[f'max_weight_{name}'].append(float(np.mean(np.max(transformer.softmax(jnp.asarray(logits * scale)), -1))))
+  return stats
+
+
+def _decoder_params(params, kind):
+  return params['decoder'] if kind != 'encoder_only' else params['encoder']
+
+
+def main(argv):
+  del argv
+  if not _WORKDIR.value:
+    print('error: --workdir: missing; valid: a training run directory', file=sys.stderr)
+    sys.exit(2)
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  try:
+    config, task, params = load_run(_WORKDIR.value)
+  except (OSError, KeyError, ValueError) as error:
+    print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
+    sys.exit(2)
+  output = os.path.join(_WORKDIR.value, 'analysis')
+  os.makedirs(output, exist_ok=True)
+  kind = task.settings.model_kind
+  model = transformer.build_model(config, kind)
+
+  # One input.
+  if _TEXT.value is not None and task.settings.name == 'shakespeare':
+    from experiments.data import shakespeare as data  # pylint: disable=g-import-not-at-top
+    vocabulary = data.load('train')[1]
+    unknown = sorted({c for c in _TEXT.value if c not in vocabulary})
+    if unknown:
+      print(f'error: --text: characters {unknown} are not in the vocabulary', file=sys.stderr)
+      sys.exit(2)
+    ids = np.asarray([[vocabulary.index(c) for c in _TEXT.value]], np.int32)
+    batch = dict(inputs=ids, valid=np.ones_like(ids, bool))
+    labels = list(_TEXT.value)
+  else:
+    batch = task.batch(0, 0, 'test', 1, length=_LENGTH.value or task.settings.max_length)
+    labels = [str(t) for t in batch['inputs'][0]]
+  args, kwargs = task.model_inputs(batch)
+  _, state = model.apply({'params': params}, *args, mutable=['intermediates'], **kwargs)
+  stack = state['intermediates']['decoder' if kind != 'encoder_only' else 'encoder']
+  maps = [np.asarray(stack[f'layer_{i}']['self_attention']['attention_weights'][0][0])
+          for i in range(len([k for k in stack if k.startswith('layer_')]))]
+  written = []
+
+  figure, axes = plt.subplots(len(maps), config.num_heads, figsize=(2.6 * config.num_heads, 2.6 * len(maps)),
+                              squeeze=False)
+  for layer, weights in enumerate(maps):
+    for head in range(config.num_heads):
+      axes[layer, head].imshow(weights[head], cmap='viridis', vmin=0, vmax=1)
+      axes[layer, head].set_title(f'layer {layer} head {head}', fontsize=8)
+      axes[layer, head].set_xticks([])
+      axes[layer, head].set_yticks([])
+  figure.suptitle(f'self-attention weights ({config.position.kind}); rows: queries, columns: keys')
+  written.append(_save(figure, output, 'attention_maps.png', plt))
+
+  length = batch['inputs'].shape[1]
+  positions = jnp.arange(length)[None]
+  position_params = _decoder_params(params, kind).get('position')
+  variant = transformer.VARIANTS[config.position.kind]
+  hooks = variant.stack(config=config.position, num_heads=config.num_heads, head_dim=config.head_dim,
+                        model_dim=config.model_dim, num_layers=1, causal=kind != 'encoder_only')
+  shared = hooks.apply({'params': position_params or {}}, positions, positions, method='shared')
+  terms = [t for t in (shared if isinstance(shared, tuple) else (shared,)) if t is not None]
+  if terms:
+    total = np.asarray(sum(terms))[0]
+    figure, axes = plt.subplots(1, config.num_heads, figsize=(3 * config.num_heads, 3), squeeze=False)
+    for head in range(config.num_heads):
+      image = axes[0, head].imshow(total[head], cmap='coolwarm')
+      axes[0, head].set_title(f'head {head}', fontsize=8)
+      figure.colorbar(image, ax=axes[0, head], fraction=0.046)
+    figure.suptitle(f'{config.position.kind}: position term added to the logits (query i, key j)')
+    written.append(_save(figure, output, 'position_terms.png', plt))
+
+  if config.position.kind in ('sinusoidal', 'learned') and kind == 'decoder_only':
+    words = params['embedding']['embedding']['embedding'][batch['inputs'][0]] * math.sqrt(config.model_dim)
+    if config.position.kind == 'sinusoidal':
+      absolute = transformer.positions.sinusoidal_table(length, config.model_dim)
+    else:
+      absolute = position_params['table'][:length]
+    attention = _decoder_params(params, kind)['layer_0']['self_attention']
+    wq, wk = attention['query']['kernel'], attention['key']['kernel']
+    parts = {'word-word': (words, words), 'word-position': (words, absolute),
+             'position-word': (absolute, words), 'position-position': (absolute, absolute)}
+    figure, axes = plt.subplots(1, 4, figsize=(13, 3.4))
+    for axis, (name, (left, right)) in zip(axes, parts.items()):
+      term = (left @ wq) @ (right @ wk).T / math.sqrt(config.head_dim * config.num_heads)
+      image = axis.imshow(np.asarray(term), cmap='coolwarm')
+      axis.set_title(name)
+      figure.colorbar(image, ax=axis, fraction=0.046)
+    figure.suptitle('first layer logits (x_i = w_i + p_i), the four terms, all heads together')
+    written.append(_save(figure, output, 'decomposition.png', plt))
+
+  table = transformer.positions.sinusoidal_table(max(length, 64), config.model_dim)
+  figure, axis = plt.subplots(figsize=(6, 4))
+  image = axis.imshow(np.asarray(table).T, aspect='auto', cmap='RdBu')
+  axis.set_xlabel('position')
+  axis.set_ylabel('dimension')
+  figure.colorbar(image, ax=axis)
+  axis.set_title('sinusoidal encoding PE(pos, dim)')
+  written.append(_save(figure, output, 'sinusoidal_table.png', plt))
+
+  stats = sqrt_dk_statistics()
+  figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+  for name, style in (('unscaled', 'o-'), ('scaled', 's-')):
+    label = 'q.k' if name == 'unscaled' else 'q.k / sqrt(d_k)'
+    left.plot(stats['dims'], stats[f'std_{name}'], style, label=label)
+    right.plot(stats['dims'], stats[f'max_weight_{name}'], style, label=label)
+  left.set(xscale='log', yscale='log', xlabel='d_k', ylabel='std of the logits', title='spread of q.k')
+  right.set(xscale='log', xlabel='d_k', ylabel='mean largest softmax weight (64 keys)',
+            title='softmax saturation')
+  for axis in (left, right):
+    axis.legend()
+    axis.grid(alpha=0.3)
+  written.append(_save(figure, output, 'sqrt_dk.png', plt))
+  print('\n'.join(written))
+
+
+def _save(figure, output, name, plt):
+  path = os.path.join(output, name)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+  return path
+
+
+if __name__ == '__main__':
+  app.run(main)
