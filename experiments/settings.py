@@ -168,6 +168,8 @@ def check_workdir(workdir: str) -> None:
   existing = path
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ConfigError(f'workdir: got {workdir!r}; valid: a path under a directory ({existing} is a file)')
   if not os.access(existing, os.W_OK | os.X_OK):
     raise ConfigError(f'workdir: got {workdir!r}; valid: a path under a writable directory ({existing} is not)')
 

@@ -49,8 +49,9 @@ def _quiet(record) -> bool:
   return 'orbax' not in record.pathname and 'Unable to initialize backend' not in record.getMessage()
 
 
-def main(argv):
-  del argv
+def prepare():
+  """Everything that can be checked before compiling: the config file, the overrides, the workdir.
+  Exits with code 2 and one line on any problem; writes nothing."""
   config = _CONFIG.value
   try:
     if config is not None:
@@ -61,8 +62,7 @@ def main(argv):
     fail('--config: missing; valid: a config file, e.g. --config=configs/algorithmic.py:copy')
   if not _WORKDIR.value:
     fail('--workdir: missing; valid: a directory for the run, e.g. --workdir=runs/copy')
-  logging.get_absl_handler().addFilter(_quiet)
-  from experiments import parallel, settings, trainer  # pylint: disable=g-import-not-at-top
+  from experiments import parallel, settings  # pylint: disable=g-import-not-at-top
   parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   import jax  # pylint: disable=g-import-not-at-top
   try:
@@ -70,13 +70,20 @@ def main(argv):
     settings.check_workdir(_WORKDIR.value)
   except settings.ConfigError as error:
     fail(str(error))
-  logging.info('devices: %d (%s), parallel=%s', jax.device_count(), jax.default_backend(), experiment.parallel)
+  return experiment, _WORKDIR.value
+
+
+def main(argv):
+  del argv
+  logging.get_absl_handler().addFilter(_quiet)
+  experiment, workdir = prepare()
+  from experiments import trainer  # pylint: disable=g-import-not-at-top
   try:
-    trainer.run(experiment, _WORKDIR.value)
-  except trainer.NonFiniteLoss as error:
+    trainer.run(experiment, workdir)
+  except (trainer.NonFiniteLoss, trainer.WorkdirBusy) as error:
     fail(str(error))
   except ValueError as error:  # e.g. a checkpoint that does not match this config
-    fail(str(error).replace('\n', ' '))
+    fail(_first_line(error))
 
 
 if __name__ == '__main__':

@@ -1,10 +1,12 @@
 """The training loop: resume, train, log, evaluate, checkpoint; stop cleanly on SIGTERM/SIGINT and
 loudly on a non-finite loss."""
 
+import contextlib
 import functools
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from typing import Callable, Optional
@@ -54,6 +56,39 @@ class _StopRequest:
       signal.signal(sig, handler)
 
 
+class WorkdirBusy(RuntimeError):
+  """Another live run holds this workdir."""
+
+
+class _WorkdirLock:
+  """An exclusive flock on WORKDIR/.lock, released by the kernel when the holder dies (even kill -9),
+  so a second run on the same workdir refuses instead of interleaving checkpoints and metrics."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, '.lock')
+    self.file = None
+
+  def __enter__(self):
+    import fcntl  # pylint: disable=g-import-not-at-top
+    handle = open(self.path, 'a+')
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      handle.seek(0)
+      holder = handle.read().strip() or 'another process'
+      handle.close()
+      raise WorkdirBusy(f'workdir {os.path.dirname(self.path)} is in use by a running job ({holder}); wait for '
+                        f'it to finish or stop it, or use another --workdir') from None
+    handle.truncate(0)
+    handle.write(f'pid {os.getpid()} on {socket.gethostname()}')
+    handle.flush()
+    self.file = handle
+    return self
+
+  def __exit__(self, *exc):
+    self.file.close()
+
+
 def write_json_atomically(path: str, payload: dict) -> None:
   temporary = path + '.tmp'
   with open(temporary, 'w') as file:
@@ -92,6 +127,14 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
   """
   primary = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
+  lock = _WorkdirLock(workdir) if primary else contextlib.nullcontext()
+  with lock:
+    return _run_locked(experiment, workdir, primary, wrap_train_step, devices)
+
+
+def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
+  logging.info('devices: %d (%s), parallel=%s', len(devices or jax.devices()), jax.default_backend(),
+               experiment.parallel)
   if primary:
     write_json_atomically(os.path.join(workdir, 'config.json'), to_dict(experiment))
 
@@ -127,7 +170,7 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
         summary = task.summarize(host_metrics)
         if not np.isfinite(summary['loss']):
           raise NonFiniteLoss(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good '
-                              f'checkpoint (step {checkpoints.manager.latest_step()}) is kept in '
+                              f'checkpoint (step {checkpoints.latest_step()}) is kept in '
                               f'{checkpoints.directory}')
         record = None
         if step % train.log_every == 0 or step == train.steps:

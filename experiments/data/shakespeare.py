@@ -25,9 +25,13 @@ def _manifest(directory: str) -> dict:
     raise DataError(f'{path}: missing or unreadable ({type(error).__name__}); rebuild it with: {REBUILD}') from None
 
 
+def load(split: str, directory: str | None = None) -> tuple[np.ndarray, str]:
+  """(character ids as uint8, vocabulary) of 'train' or 'heldout', from DIRECTORY by default."""
+  return _load(split, directory or DIRECTORY)
+
+
 @functools.lru_cache(maxsize=4)
-def load(split: str, directory: str = DIRECTORY) -> tuple[np.ndarray, str]:
-  """(character ids as uint8, vocabulary) of 'train' or 'heldout'."""
+def _load(split: str, directory: str) -> tuple[np.ndarray, str]:
   manifest = _manifest(directory)
   entry = manifest['splits'][split]
   path = os.path.join(directory, entry['file'])
@@ -46,5 +50,5 @@ def load(split: str, directory: str = DIRECTORY) -> tuple[np.ndarray, str]:
   return ids, vocabulary
 
 
-def vocabulary_size(directory: str = DIRECTORY) -> int:
-  return len(_manifest(directory)['vocabulary'])
+def vocabulary_size(directory: str | None = None) -> int:
+  return len(_manifest(directory or DIRECTORY)['vocabulary'])

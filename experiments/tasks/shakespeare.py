@@ -36,6 +36,14 @@ class Shakespeare(Task):
   def vocab_size(self) -> int:
     return data.vocabulary_size()
 
+  def validate(self):
+    try:
+      for split in ('train', 'heldout'):
+        data.load(split)
+    except data.DataError as error:
+      return f'task.name: shakespeare: {error}'
+    return None
+
   def sequence_length(self, length: int) -> int:
     return length
 
