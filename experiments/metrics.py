@@ -13,17 +13,17 @@ class MetricsWriter:
   """Only the primary process writes. On resume, records after the restored step are dropped, so
   the file is what an uninterrupted run would have written."""
 
-  def __init__(self, workdir: str, primary: bool, resume_step: Optional[int]):
+  def __init__(self, workdir: str, primary: bool, resume_step: Optional[int], drop_evaluation_at_resume=False):
     self.primary = primary
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.summary = None
     if not primary:
       return
-    self._truncate_after(resume_step or 0)
+    self._truncate_after(resume_step or 0, drop_evaluation_at_resume)
     from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
     self.summary = SummaryWriter(os.path.join(workdir, 'tensorboard'), flush_secs=30)
 
-  def _truncate_after(self, step: int) -> None:
+  def _truncate_after(self, step: int, drop_evaluation_at_step: bool = False) -> None:
     if not os.path.exists(self.path):
       return
     kept = []
@@ -33,7 +33,8 @@ class MetricsWriter:
           record = json.loads(line)
         except json.JSONDecodeError:
           break  # a line cut by a kill: everything after it is untrusted
-        if record['step'] <= step:
+        if record['step'] < step or (record['step'] == step and not (
+            drop_evaluation_at_step and record['split'] == 'eval')):
           kept.append(line if line.endswith('\n') else line + '\n')
     temporary = self.path + '.tmp'
     with open(temporary, 'w') as file:

@@ -77,12 +77,10 @@ def main(argv):
   del argv
   logging.get_absl_handler().addFilter(_quiet)
   experiment, workdir = prepare()
-  from experiments import trainer  # pylint: disable=g-import-not-at-top
+  from experiments import checkpoints, trainer  # pylint: disable=g-import-not-at-top
   try:
     trainer.run(experiment, workdir)
-  except (trainer.NonFiniteLoss, trainer.WorkdirBusy) as error:
-    fail(str(error))
-  except ValueError as error:  # e.g. a checkpoint that does not match this config
+  except (trainer.NonFiniteLoss, trainer.WorkdirBusy, checkpoints.CheckpointMismatch) as error:
     fail(_first_line(error))
 
 

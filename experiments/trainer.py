@@ -145,9 +145,17 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
   host_state = jax.device_get(training.create_train_state(experiment, model, task))
   start_step, host_state = checkpoints.restore_latest(host_state)
   start_step = start_step or 0
+  summary_path = os.path.join(workdir, SUMMARY_FILE)
+  if start_step >= experiment.train.steps and os.path.exists(summary_path):
+    logging.info('the run finished earlier (step %d); nothing to do', start_step)
+    checkpoints.close()
+    with open(summary_path) as file:
+      return {int(length): record for length, record in json.load(file)['evaluation'].items()}
   if start_step:
     logging.info('resuming from the checkpoint at step %d', start_step)
-  metrics = MetricsWriter(workdir, primary, start_step)
+  # A run killed between its final checkpoint and summary.json evaluates again: drop that evaluation.
+  final_evaluation_pending = start_step >= experiment.train.steps
+  metrics = MetricsWriter(workdir, primary, start_step, drop_evaluation_at_resume=final_evaluation_pending)
   state = placement.put_state(host_state)
   train_step = placement.compile_train_step(wrap_train_step(functools.partial(
       training.train_step, model=model, task=task, experiment=experiment)))
@@ -159,6 +167,9 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
   last_evaluation = {}
   step = start_step
   try:
+    if final_evaluation_pending:
+      last_evaluation = evaluate(task, experiment, placement, eval_step, state.params, step, metrics, started,
+                                 position_table_length(experiment.model))
     with _StopRequest() as stop:
       window_start, window_tokens = time.time(), 0.0
       while step < train.steps:

@@ -1,6 +1,7 @@
 """Bad input, faults and interruptions lose nothing."""
 
 import glob
+import json
 import hashlib
 import os
 import pathlib
@@ -207,3 +208,20 @@ def test_a_second_run_on_the_same_workdir_refuses(tmp_path):
     first.send_signal(signal.SIGTERM)
     first.wait(timeout=120)
   assert first.returncode == 0
+
+
+def test_rerunning_a_finished_run_changes_nothing_and_a_missing_summary_is_rebuilt(tmp_path):
+  experiment = _experiment()
+  first = trainer.run(experiment, str(tmp_path))
+  metrics_before = (tmp_path / 'metrics.jsonl').read_text()
+  summary_before = (tmp_path / 'summary.json').read_text()
+  assert trainer.run(experiment, str(tmp_path)) == first
+  assert (tmp_path / 'metrics.jsonl').read_text() == metrics_before
+  assert (tmp_path / 'summary.json').read_text() == summary_before
+  (tmp_path / 'summary.json').unlink()  # killed after the final checkpoint, before the summary
+  trainer.run(experiment, str(tmp_path))
+  assert without_wall_clock(read_metrics(str(tmp_path))) == without_wall_clock(
+      [json.loads(line) for line in metrics_before.splitlines()])
+  rebuilt = json.loads((tmp_path / 'summary.json').read_text())['evaluation']
+  original = json.loads(summary_before)['evaluation']
+  assert without_wall_clock(list(rebuilt.values())) == without_wall_clock(list(original.values()))
