@@ -98,10 +98,8 @@ def main(argv):
       sys.exit(2)
     ids = np.asarray([[vocabulary.index(c) for c in _TEXT.value]], np.int32)
     batch = dict(inputs=ids, valid=np.ones_like(ids, bool))
-    labels = list(_TEXT.value)
   else:
     batch = task.batch(0, 0, 'test', 1, length=_LENGTH.value or task.settings.max_length)
-    labels = [str(t) for t in batch['inputs'][0]]
   args, kwargs = task.model_inputs(batch)
   _, state = model.apply({'params': params}, *args, mutable=['intermediates'], **kwargs)
   stack = state['intermediates']['decoder' if kind != 'encoder_only' else 'encoder']

@@ -57,7 +57,6 @@ def matmul_peak(size: int = 2048, repeats: int = 10) -> float:
 
 def run_row(variant: str, length: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
   config = transformer.ModelConfig(

@@ -49,3 +49,21 @@ def assert_causal(model, params, args, length: int, width: int, **kwargs):
   for t in range(length):
     assert float(per_pair[t, t + 1:].sum()) == 0.0, f'output {t} depends on later inputs: {per_pair[t]}'
     assert float(per_pair[t, :t + 1].sum()) > 0.0, f'output {t} depends on nothing: {per_pair[t]}'
+
+
+def with_overrides(config, overrides: dict):
+  """Sets dotted fields ('train.steps': 10) on an ml_collections config, as --config.x.y=v would."""
+  for dotted, value in overrides.items():
+    section = config
+    *parents, leaf = dotted.split('.')
+    for parent in parents:
+      section = section[parent]
+    section[leaf] = value
+  return config
+
+
+def smoke_experiment(**overrides):
+  """configs/smoke.py with overrides, validated for this process's devices."""
+  from configs import smoke  # pylint: disable=g-import-not-at-top
+  from experiments import settings  # pylint: disable=g-import-not-at-top
+  return settings.from_config_dict(with_overrides(smoke.get_config(), overrides), jax.device_count())

@@ -11,16 +11,15 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
 
 from configs import shakespeare as shakespeare_config
-from configs import smoke
 from experiments import settings, trainer
 from experiments.checkpoints import CheckpointMismatch
 from experiments.data import shakespeare as shakespeare_data
 from experiments.metrics import read_metrics, without_wall_clock
+from tests.helpers import smoke_experiment
 from experiments.tasks.algorithmic import Copy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -98,17 +97,6 @@ def test_a_missing_data_file_is_a_config_error_naming_it_and_the_rebuild_command
   assert 'train.txt.xz: missing; rebuild it with: python -m experiments.data.prepare_shakespeare' in message
 
 
-def _experiment(**overrides):
-  config = smoke.get_config()
-  for dotted, value in overrides.items():
-    section = config
-    *parents, leaf = dotted.split('.')
-    for parent in parents:
-      section = section[parent]
-    section[leaf] = value
-  return settings.from_config_dict(config, jax.device_count())
-
-
 def _fingerprint(directory) -> dict:
   return {path: hashlib.sha256(open(path, 'rb').read()).hexdigest()
           for path in glob.glob(f'{directory}/**', recursive=True) if os.path.isfile(path)}
@@ -116,23 +104,23 @@ def _fingerprint(directory) -> dict:
 
 def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_path):
   schedule = {'train.checkpoint_every': 5, 'train.keep_checkpoints': 3}
-  trainer.run(_experiment(**schedule), str(tmp_path / 'whole'))
+  trainer.run(smoke_experiment(**schedule), str(tmp_path / 'whole'))
   run = tmp_path / 'damaged'
-  trainer.run(_experiment(**schedule, **{'train.steps': 15}), str(run))
+  trainer.run(smoke_experiment(**schedule, **{'train.steps': 15}), str(run))
   assert sorted(os.listdir(run / 'checkpoints')) == ['10', '15', '5']
   for victim in glob.glob(str(run / 'checkpoints' / '15' / '**' / 'd' / '*'), recursive=True)[:1]:
     os.remove(victim)  # damaged: a data file of the newest checkpoint is gone
   shutil.copytree(run / 'checkpoints' / '10', run / 'checkpoints' / '20.orbax-checkpoint-tmp-1')  # a cut save
-  trainer.run(_experiment(**schedule), str(run))
+  trainer.run(smoke_experiment(**schedule), str(run))
   assert os.listdir(run / 'checkpoints.unreadable')[0].startswith('15-')  # set aside, not deleted
   assert without_wall_clock(read_metrics(str(run))) == without_wall_clock(read_metrics(str(tmp_path / 'whole')))
 
 
 def test_a_config_with_other_shapes_fails_clearly_and_leaves_the_checkpoint_untouched(tmp_path):
-  trainer.run(_experiment(), str(tmp_path))
+  trainer.run(smoke_experiment(), str(tmp_path))
   before = _fingerprint(tmp_path / 'checkpoints')
   with pytest.raises(CheckpointMismatch, match=r"\['params'\]\S* has shape \(\S*32,?\) there and \(\S*48,?\) here"):
-    trainer.run(_experiment(**{'model.model_dim': 48, 'train.steps': 30}), str(tmp_path))
+    trainer.run(smoke_experiment(**{'model.model_dim': 48, 'train.steps': 30}), str(tmp_path))
   assert _fingerprint(tmp_path / 'checkpoints') == before
 
 
@@ -148,7 +136,7 @@ def test_an_inf_in_a_batch_stops_the_run_naming_the_step_and_keeps_the_good_chec
 
   monkeypatch.setattr(Copy, 'batch', poisoned)
   with pytest.raises(trainer.NonFiniteLoss, match='non-finite loss (inf|nan) at step 7;'):
-    trainer.run(_experiment(**{'train.checkpoint_every': 3}), str(tmp_path))
+    trainer.run(smoke_experiment(**{'train.checkpoint_every': 3}), str(tmp_path))
   assert sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints')) == [3, 6]
   assert not (tmp_path / 'summary.json').exists()
 
@@ -211,7 +199,7 @@ def test_a_second_run_on_the_same_workdir_refuses(tmp_path):
 
 
 def test_rerunning_a_finished_run_changes_nothing_and_a_missing_summary_is_rebuilt(tmp_path):
-  experiment = _experiment()
+  experiment = smoke_experiment()
   first = trainer.run(experiment, str(tmp_path))
   metrics_before = (tmp_path / 'metrics.jsonl').read_text()
   summary_before = (tmp_path / 'summary.json').read_text()

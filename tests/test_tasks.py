@@ -14,6 +14,7 @@ from experiments import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
 from experiments.tasks import TASKS
 from experiments.tasks.base import BOS, EOS, NUM_SPECIALS, SEP, TaskSettings
+from tests.helpers import with_overrides
 
 ALGORITHMIC = sorted(algorithmic.TASKS)
 
@@ -186,13 +187,7 @@ def _quick(config, **changes):
   config.train.checkpoint_every = 2
   config.train.batch_size = 8
   config.task.eval_batches = 1
-  for dotted, value in changes.items():
-    section = config
-    *parents, leaf = dotted.split('.')
-    for parent in parents:
-      section = section[parent]
-    section[leaf] = value
-  return settings.from_config_dict(config, jax.device_count())
+  return settings.from_config_dict(with_overrides(config, changes), jax.device_count())
 
 
 CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t in ALGORITHMIC] + [

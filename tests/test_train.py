@@ -8,24 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from configs import smoke
-from experiments import settings, trainer
+from experiments import trainer
 from experiments.metrics import read_metrics, without_wall_clock
-
-
-def _experiment(**overrides):
-  config = smoke.get_config()
-  for dotted, value in overrides.items():
-    section = config
-    *parents, leaf = dotted.split('.')
-    for parent in parents:
-      section = section[parent]
-    section[leaf] = value
-  return settings.from_config_dict(config, num_devices=jax.device_count())
+from tests.helpers import smoke_experiment
 
 
 def test_outputs_in_the_workdir(tmp_path):
-  experiment = _experiment()
+  experiment = smoke_experiment()
   evaluation = trainer.run(experiment, str(tmp_path))
   assert set(evaluation) == set(experiment.task.eval_lengths)
   resolved = json.loads((tmp_path / 'config.json').read_text())
@@ -44,18 +33,18 @@ def test_outputs_in_the_workdir(tmp_path):
 
 
 def test_same_config_and_seed_give_the_same_metrics(tmp_path):
-  experiment = _experiment()
+  experiment = smoke_experiment()
   trainer.run(experiment, str(tmp_path / 'first'))
   trainer.run(experiment, str(tmp_path / 'second'))
   first = without_wall_clock(read_metrics(str(tmp_path / 'first')))
   assert first == without_wall_clock(read_metrics(str(tmp_path / 'second')))
-  trainer.run(_experiment(seed=1), str(tmp_path / 'other_seed'))
+  trainer.run(smoke_experiment(seed=1), str(tmp_path / 'other_seed'))
   assert first != without_wall_clock(read_metrics(str(tmp_path / 'other_seed')))
 
 
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_train_step_compiles_once(tmp_path, parallel):
-  experiment = _experiment(parallel=parallel)
+  experiment = smoke_experiment(parallel=parallel)
   traces = []
 
   def wrap(step_fn):
@@ -77,7 +66,7 @@ def _losses(workdir):
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
   assert jax.device_count() == 8, 'conftest.py asks for 8 CPU devices'
-  experiment = _experiment(parallel=parallel, **{'train.log_every': 1})
+  experiment = smoke_experiment(parallel=parallel, **{'train.log_every': 1})
   trainer.run(experiment, str(tmp_path / 'one'), devices=jax.devices()[:1])
   trainer.run(experiment, str(tmp_path / 'eight'), devices=jax.devices())
   one, eight = _losses(str(tmp_path / 'one')), _losses(str(tmp_path / 'eight'))
@@ -86,28 +75,28 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
 
 
 def test_pmap_and_mesh_agree(tmp_path):
-  trainer.run(_experiment(parallel='pmap'), str(tmp_path / 'pmap'))
-  trainer.run(_experiment(parallel='mesh'), str(tmp_path / 'mesh'))
+  trainer.run(smoke_experiment(parallel='pmap'), str(tmp_path / 'pmap'))
+  trainer.run(smoke_experiment(parallel='mesh'), str(tmp_path / 'mesh'))
   np.testing.assert_allclose(_losses(str(tmp_path / 'mesh')), _losses(str(tmp_path / 'pmap')), rtol=1e-5)
 
 
 def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
-  full = _experiment()
+  full = smoke_experiment()
   trainer.run(full, str(tmp_path / 'full'))
-  trainer.run(_experiment(**{'train.steps': 10}), str(tmp_path / 'resumed'))
+  trainer.run(smoke_experiment(**{'train.steps': 10}), str(tmp_path / 'resumed'))
   trainer.run(full, str(tmp_path / 'resumed'))
   assert without_wall_clock(read_metrics(str(tmp_path / 'resumed'))) == without_wall_clock(
       read_metrics(str(tmp_path / 'full')))
 
 
 def test_dropout_runs_and_differs_from_no_dropout(tmp_path):
-  trainer.run(_experiment(**{'model.dropout_rate': 0.3}), str(tmp_path / 'dropout'))
-  trainer.run(_experiment(), str(tmp_path / 'plain'))
+  trainer.run(smoke_experiment(**{'model.dropout_rate': 0.3}), str(tmp_path / 'dropout'))
+  trainer.run(smoke_experiment(), str(tmp_path / 'plain'))
   assert not np.allclose(_losses(str(tmp_path / 'dropout')), _losses(str(tmp_path / 'plain')))
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-  experiment = _experiment(**{'train.learning_rate': 1e9, 'train.gradient_clip': 0.0, 'train.warmup_steps': 0,
+  experiment = smoke_experiment(**{'train.learning_rate': 1e9, 'train.gradient_clip': 0.0, 'train.warmup_steps': 0,
                               'train.checkpoint_every': 1, 'train.steps': 200})
   with pytest.raises(trainer.NonFiniteLoss, match=r'at step (\d+)') as raised:
     trainer.run(experiment, str(tmp_path))

@@ -5,7 +5,6 @@ from typing import Optional
 
 import chex
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from transformer.layers import Dense, dropout

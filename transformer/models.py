@@ -1,7 +1,7 @@
 """The three model kinds built from the stack: encoder-decoder, decoder-only, encoder-only."""
 
 import math
-from typing import Callable, Optional
+from typing import Callable
 
 import chex
 import flax.linen as nn

@@ -26,7 +26,6 @@ from typing import Any, Optional
 
 import chex
 import flax.linen as nn
-import jax.numpy as jnp
 
 from transformer.config import PositionConfig
 
