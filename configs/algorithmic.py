@@ -5,9 +5,14 @@ Command:  python -m experiments.train --config=configs/algorithmic.py:<task> --w
           task: copy, reverse, sort, addition, parity, recall
           any variant: --config.model.position.kind=rope (none, sinusoidal, learned, shaw, t5,
           tupe_a, tupe_r, rope, alibi); encoder-decoder: --config.task.model_kind=encoder_decoder
-CPU time: about 2-3 minutes per run on a 2-core laptop (2,000 steps of a 3-layer, 64-wide model).
-Expected: near-perfect token accuracy at the training sizes for none, sinusoidal and rope (see
-          the README's results for what was measured); beyond L, accuracy depends on the encoding.
+CPU time: about 4 minutes per run on a 2-core machine (2,000 steps of a 3-layer, 64-wide model).
+Expected (measured, seed 0, token accuracy at the training size L; docs/results/ and the README):
+          copy     none 0.987, sinusoidal 0.991, rope 0.998; beyond 1.5L all fall below 0.7
+          reverse  none 0.989, sinusoidal 0.994, rope 0.999
+          sort     none 0.997, sinusoidal 1.000, rope 0.997; at 4L none keeps 0.92, sinusoidal
+                   0.59, rope 0.34
+          parity   1.000 for none, sinusoidal and rope; beyond L a coin flip (0.6-0.8 with EOS)
+          addition NOT learned at this budget: 0.30-0.39 for none, sinusoidal and rope
 """
 
 from configs import base

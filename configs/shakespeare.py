@@ -3,11 +3,10 @@ training context (128) and at 2x, 4x and 8x it, the shape of the ALiBi paper's F
 
 Command:  python -m experiments.train --config=configs/shakespeare.py --workdir=runs/shakespeare
           (any variant: --config.model.position.kind=alibi)
-CPU time: about 3 minutes on a 2-core laptop (800 steps of a 2-layer, 128-wide decoder at
-          about 24,000 characters per second).
-Expected: well under 3 bits per character on the held-out plays at context 128, against 4.78
-          (unigram) and 3.63 (bigram) on the same windows; the longer contexts show which
-          encodings extrapolate.
+CPU time: about 5 minutes on a 2-core machine (800 steps of a 2-layer, 128-wide decoder).
+Expected (measured, seed 0): 2.49-2.88 bits per character on the held-out plays at context 128 for
+          every variant but NoPE (3.39), against 3.61 (bigram) and 4.78 (unigram) on the same windows;
+          at 1024 ALiBi (2.62) and Shaw (2.51) stay flat while absolute and TUPE encodings exceed 4.2.
 """
 
 from configs import base
