@@ -146,9 +146,8 @@ def main(argv):
           f'{1e3 * row["step_seconds_max"]:.0f}) {row["tokens_per_second"]:>9.0f} '
           f'{100 * row["model_flops_utilisation"]:>5.1f}% {ratio:>6.2f}x {row["peak_memory_bytes"] / 2**20:>9.0f}')
   if _JSON.value:
-    with open(_JSON.value + '.tmp', 'w') as file:
-      json.dump(dict(matmul_peak_flops=peak, rows=rows), file, indent=2)
-    os.replace(_JSON.value + '.tmp', _JSON.value)
+    from experiments.files import write_json_atomically  # pylint: disable=g-import-not-at-top
+    write_json_atomically(_JSON.value, dict(matmul_peak_flops=peak, rows=rows))
 
 
 if __name__ == '__main__':

@@ -5,13 +5,14 @@ import numpy as np
 
 import transformer
 from experiments.tasks.algorithmic import AlgorithmicTask
+from experiments.tasks.base import BOS
 
 
 def greedy_answers(task: AlgorithmicTask, model, params, batch: dict, length: int) -> np.ndarray:
   """The model's answers y (then EOS) for a fixed-size batch, as a B x (output_size + 1) token array."""
   answer_length = task.output_size(length) + 1
   if task.settings.model_kind == 'encoder_decoder':
-    decoded = jax.jit(lambda p, s, v: transformer.greedy_decode(model, p, s, bos_id=1, max_length=answer_length,
+    decoded = jax.jit(lambda p, s, v: transformer.greedy_decode(model, p, s, bos_id=BOS, max_length=answer_length,
                                                                 source_valid_BxLs=v))(
         {'params': params}, batch['source'], batch['source_valid'])
     return np.asarray(decoded)

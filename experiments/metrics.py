@@ -6,6 +6,8 @@ import math
 import os
 from typing import Optional
 
+from experiments.files import write_text_atomically
+
 WALL_CLOCK_FIELDS = ('wall_time', 'tokens_per_second', 'steps_per_second')
 
 
@@ -36,10 +38,7 @@ class MetricsWriter:
         if record['step'] < step or (record['step'] == step and not (
             drop_evaluation_at_step and record['split'] == 'eval')):
           kept.append(line if line.endswith('\n') else line + '\n')
-    temporary = self.path + '.tmp'
-    with open(temporary, 'w') as file:
-      file.writelines(kept)
-    os.replace(temporary, self.path)
+    write_text_atomically(self.path, ''.join(kept))
 
   def write(self, record: dict) -> None:
     if not self.primary:

@@ -2,11 +2,13 @@
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
 
-from experiments.trainer import SUMMARY_FILE, write_json_atomically
+from experiments.files import write_json_atomically, write_text_atomically
+from experiments.trainer import SUMMARY_FILE
 
 FAILURES_FILE = 'failures.json'
 MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy')
@@ -87,24 +89,24 @@ def mean_std(values: list) -> tuple:
 def write_tables(sweep: str, table: Table, failures: dict) -> list:
   """results.csv (one row per variant, length and metric) and results.md (one table per metric)."""
   csv_path, md_path = os.path.join(sweep, 'results.csv'), os.path.join(sweep, 'results.md')
-  with open(csv_path + '.tmp', 'w', newline='') as file:
-    writer = csv.writer(file)
-    writer.writerow(['variant', 'length', 'metric', 'mean', 'std', 'seeds', 'status'])
-    for variant in table.variants:
-      failed = [name for name in failures if name.startswith(variant + '-seed')]
-      for length in table.lengths:
-        for metric in table.metrics:
-          found = table.values[variant].get(length, {}).get(metric, [])
-          if found:
-            mean, std = mean_std(found)
-            writer.writerow([variant, length, metric, f'{mean:.6g}', f'{std:.6g}', len(found),
-                             'ok' if not failed else f'{len(failed)} failed'])
-      for name in failed:
-        writer.writerow([variant, '', '', '', '', 0, f'failed: {failures[name]}'])
-    for name, by_length in table.baselines.items():
-      for length, value in sorted(by_length.items()):
-        writer.writerow([f'{name} (baseline)', length, 'bits_per_character', f'{value:.6g}', '0', '', 'ok'])
-  os.replace(csv_path + '.tmp', csv_path)
+  rows = io.StringIO()
+  writer = csv.writer(rows)
+  writer.writerow(['variant', 'length', 'metric', 'mean', 'std', 'seeds', 'status'])
+  for variant in table.variants:
+    failed = [name for name in failures if name.startswith(variant + '-seed')]
+    for length in table.lengths:
+      for metric in table.metrics:
+        found = table.values[variant].get(length, {}).get(metric, [])
+        if found:
+          mean, std = mean_std(found)
+          writer.writerow([variant, length, metric, f'{mean:.6g}', f'{std:.6g}', len(found),
+                           'ok' if not failed else f'{len(failed)} failed'])
+    for name in failed:
+      writer.writerow([variant, '', '', '', '', 0, f'failed: {failures[name]}'])
+  for name, by_length in table.baselines.items():
+    for length, value in sorted(by_length.items()):
+      writer.writerow([f'{name} (baseline)', length, 'bits_per_character', f'{value:.6g}', '0', '', 'ok'])
+  write_text_atomically(csv_path, rows.getvalue())
 
   lines = []
   header = ['variant'] + [f'{n} (train)' if n == table.training_length else str(n) for n in table.lengths]
@@ -131,9 +133,7 @@ def write_tables(sweep: str, table: Table, failures: dict) -> list:
     lines += ['### Failed runs', '']
     lines += [f'- `{name}`: {error}' for name, error in sorted(failures.items())]
     lines.append('')
-  with open(md_path + '.tmp', 'w') as file:
-    file.write('\n'.join(lines))
-  os.replace(md_path + '.tmp', md_path)
+  write_text_atomically(md_path, '\n'.join(lines))
   return [csv_path, md_path]
 
 

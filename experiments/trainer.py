@@ -19,6 +19,7 @@ import transformer
 from experiments import training
 from experiments.checkpoints import Checkpoints
 from experiments.evaluation import evaluate
+from experiments.files import write_json_atomically
 from experiments.metrics import MetricsWriter
 from experiments.parallel import Placement
 from experiments.settings import Experiment, position_table_length, to_dict
@@ -89,13 +90,6 @@ class _WorkdirLock:
     self.file.close()
 
 
-def write_json_atomically(path: str, payload: dict) -> None:
-  temporary = path + '.tmp'
-  with open(temporary, 'w') as file:
-    json.dump(payload, file, indent=2, sort_keys=True)
-  os.replace(temporary, path)
-
-
 class _Progress:
   """A tqdm bar on a terminal; plain log lines elsewhere."""
 
@@ -163,13 +157,14 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
 
   train = experiment.train
   started = time.time()
+  run_evaluation = functools.partial(evaluate, task, experiment, placement, eval_step, metrics_writer=metrics,
+                                     started=started, position_cap=position_table_length(experiment.model))
   progress = _Progress(start_step, train.steps)
   last_evaluation = {}
   step = start_step
   try:
     if final_evaluation_pending:
-      last_evaluation = evaluate(task, experiment, placement, eval_step, state.params, step, metrics, started,
-                                 position_table_length(experiment.model))
+      last_evaluation = run_evaluation(state.params, step)
     with _StopRequest() as stop:
       window_start, window_tokens = time.time(), 0.0
       while step < train.steps:
@@ -194,8 +189,7 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
           window_start, window_tokens = time.time(), 0.0
         progress.update(step, record)
         if step % train.eval_every == 0 or step == train.steps:
-          last_evaluation = evaluate(task, experiment, placement, eval_step, state.params, step, metrics, started,
-                                     position_table_length(experiment.model))
+          last_evaluation = run_evaluation(state.params, step)
         if step % train.checkpoint_every == 0 or step == train.steps:
           checkpoints.save(step, placement.host_state(state))
         if stop.signal_name:
