@@ -22,7 +22,7 @@ TASKS = {
     'copy': dict(vocab_size=16, max_length=16, eval_lengths=(8, 16, 24, 32, 48, 64)),
     'reverse': dict(vocab_size=16, max_length=16, eval_lengths=(8, 16, 24, 32, 48, 64)),
     'sort': dict(vocab_size=16, max_length=16, eval_lengths=(8, 16, 24, 32, 48, 64)),
-    'addition': dict(vocab_size=11, max_length=8, eval_lengths=(4, 8, 12, 16, 24, 32)),
+    'addition': dict(vocab_size=10, max_length=8, eval_lengths=(4, 8, 12, 16, 24, 32)),
     'parity': dict(vocab_size=2, max_length=8, eval_lengths=(4, 8, 12, 16, 24, 32)),
     'recall': dict(vocab_size=32, max_length=8, eval_lengths=(4, 8, 12, 16, 24, 32)),
 }
@@ -44,6 +44,7 @@ def get_config(task: str = 'copy'):
   config.train.batch_size = 64
   config.train.learning_rate = 3e-3
   config.train.warmup_steps = 100
+  config.train.schedule = 'warmup_cosine'  # decaying to 0 makes greedy copy exact (rsqrt: 0.90-0.98)
   config.train.log_every = 100
   config.train.eval_every = 1000
   config.train.checkpoint_every = 1000

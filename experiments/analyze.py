@@ -14,41 +14,20 @@ Writes WORKDIR/analysis/:
                         softmax as d_k grows, with and without the scale
 """
 
-import json
 import math
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 from absl import app, flags
 
 import transformer
-from experiments.tasks import TASKS
-from experiments.tasks.base import TaskSettings
+from experiments import checkpoints
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run directory (with config.json and checkpoints).')
 _TEXT = flags.DEFINE_string('text', None, 'Input text (character-level language models).')
 _LENGTH = flags.DEFINE_integer('length', None, 'Problem size of the sampled input (default: the training length).')
-
-
-def load_run(workdir: str):
-  """(model config, task, params) of the newest checkpoint."""
-  with open(os.path.join(workdir, 'config.json')) as file:
-    resolved = json.load(file)
-  model_fields = dict(resolved['model'])
-  model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
-                                         **model_fields)
-  task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
-  task = TASKS[task_fields['name']](TaskSettings(**task_fields))
-  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')))
-  step = manager.latest_step()
-  if step is None:
-    raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to analyse; train the run first')
-  params = manager.restore(step, args=ocp.args.StandardRestore())['params']
-  return model_config, task, jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def sqrt_dk_statistics(dims=(4, 16, 64, 256, 1024), keys: int = 64, samples: int = 256, seed: int = 0) -> dict:
@@ -79,7 +58,7 @@ def main(argv):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   try:
-    config, task, params = load_run(_WORKDIR.value)
+    config, task, params = checkpoints.load_run(_WORKDIR.value)
   except (OSError, KeyError, ValueError) as error:
     print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
     sys.exit(2)

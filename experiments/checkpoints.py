@@ -6,15 +6,21 @@ to WORKDIR/checkpoints.unreadable/ with a warning, and the next older one is tri
 whose shapes differ from the config's is an error that leaves the checkpoint untouched.
 """
 
+import json
 import os
 import shutil
 import time
 from typing import Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+
+import transformer
+from experiments.tasks import TASKS
+from experiments.tasks.base import TaskSettings
 
 
 class CheckpointMismatch(ValueError):
@@ -85,3 +91,20 @@ def _check_shapes(restored, template, step: int, directory: str) -> None:
           f'checkpoint at step {step} in {directory} does not match this config: {name} has shape '
           f'{found.get(name, "(absent)")} there and {wanted.get(name, "(absent)")} here; use a new --workdir '
           f'or the config that wrote it (the checkpoint was left untouched)')
+
+
+def load_run(workdir: str):
+  """(model config, task, params) of the newest checkpoint."""
+  with open(os.path.join(workdir, 'config.json')) as file:
+    resolved = json.load(file)
+  model_fields = dict(resolved['model'])
+  model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
+                                         **model_fields)
+  task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
+  task = TASKS[task_fields['name']](TaskSettings(**task_fields))
+  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+  step = manager.latest_step()
+  if step is None:
+    raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to analyse; train the run first')
+  params = manager.restore(step, args=ocp.args.StandardRestore())['params']
+  return model_config, task, jax.tree_util.tree_map(jnp.asarray, params)

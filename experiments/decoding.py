@@ -1,4 +1,6 @@
-"""Greedy decoding of algorithmic tasks: the model writes the whole answer itself, no teacher forcing."""
+"""Greedy decoding of algorithmic tasks: the model writes the whole answer itself, no teacher forcing.
+The command line is experiments/exact_match.py."""
+
 
 import jax
 import numpy as np
@@ -6,6 +8,7 @@ import numpy as np
 import transformer
 from experiments.tasks.algorithmic import AlgorithmicTask
 from experiments.tasks.base import BOS
+
 
 
 def greedy_answers(task: AlgorithmicTask, model, params, batch: dict, length: int) -> np.ndarray:
@@ -30,3 +33,17 @@ def exact_match(task: AlgorithmicTask, model, params, batch: dict, length: int) 
   return float(np.mean(np.all(answers == reference, axis=1)))
 
 
+def parse_lengths(text: str) -> list[int]:
+  """'1-16' or '4,8,16' -> sizes; a ValueError names the flag and what would be valid."""
+  try:
+    if '-' in text:
+      first, last = (int(part) for part in text.split('-'))
+      lengths = list(range(first, last + 1))
+    else:
+      lengths = [int(part) for part in text.split(',')]
+  except ValueError:
+    lengths = []
+  if not lengths or min(lengths) < 1:
+    raise ValueError(f"--lengths: got {text!r}; valid: a range such as '1-16' or a list such as '4,8,16' of "
+                     'positive sizes')
+  return lengths

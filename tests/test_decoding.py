@@ -1,7 +1,12 @@
 """Greedy decoding on copy reproduces its inputs exactly at the training lengths."""
 
+import json
+import subprocess
+import sys
+
 import jax
 import orbax.checkpoint as ocp
+import pytest
 
 import transformer
 from configs import algorithmic
@@ -32,3 +37,21 @@ def test_greedy_decoding_of_a_trained_copy_model_reproduces_its_inputs(tmp_path)
     inputs = batch['inputs'][:, 1:length + 1]
     assert (answers[:, :length] == inputs).all(), f'length {length}: {answers[:3]} vs {inputs[:3]}'
     assert decoding.exact_match(task, model, params, batch, length) == 1.0
+
+  # The command-line report says the same, from the run directory alone.
+  result = subprocess.run([sys.executable, '-m', 'experiments.exact_match', f'--workdir={tmp_path}', '--lengths=1-4',
+                           '--examples=32'], capture_output=True, text=True, check=True)
+  assert 'mean' in result.stdout
+  report = json.loads((tmp_path / 'greedy_exact_match.json').read_text())
+  assert report['exact_match'] == {'1': 1.0, '2': 1.0, '3': 1.0, '4': 1.0}
+
+
+@pytest.mark.parametrize('text', ['0-3', '4-', 'a,b', '', '2,-1'])
+def test_bad_lengths_name_the_flag(text):
+  with pytest.raises(ValueError, match='--lengths: got'):
+    decoding.parse_lengths(text)
+
+
+def test_lengths_parse():
+  assert decoding.parse_lengths('1-4') == [1, 2, 3, 4]
+  assert decoding.parse_lengths('4,8,16') == [4, 8, 16]

@@ -60,7 +60,7 @@ def test_targets_never_leak_into_inputs(name, kind):
         weighted_inputs = batch['inputs'][batch['weights'] > 0]
         assert not np.any(weighted_inputs == BOS)  # the prompt is never scored
       sizes = (batch['weights'] > 0).sum(1)
-      expected = [task.output_size(n) + 1 for n in _sizes(task, batch, kind)]
+      expected = [task.scored(n).sum() + 1 for n in _sizes(task, batch, kind)]
       np.testing.assert_array_equal(sizes, expected)
 
 
@@ -89,8 +89,7 @@ def test_algorithmic_answers_are_right():
   for x, y in zip(*_examples(_task('sort'))):
     np.testing.assert_array_equal(y, sorted(x))
   for x, y in zip(*_examples(_task('addition'))):
-    a, b = x[:6], x[7:]
-    assert x[6] == 10  # '+'
+    a, b = x[0::2], x[1::2]  # interleaved: a_0 b_0 a_1 b_1 ..
     def value(digits):
       return int(''.join(str(d) for d in digits[::-1]))
     assert value(a) + value(b) == value(y)
@@ -98,10 +97,21 @@ def test_algorithmic_answers_are_right():
     assert y[0] == x.sum() % 2
   task = _task('recall')
   for x, y in zip(*_examples(task)):
-    keys, values, query = x[0:12:2], x[1:12:2], x[12]
-    assert len(set(keys)) == 6 and query in keys
-    assert y[0] == values[list(keys).index(query)]
+    keys, values, queries, answers = x[0::2], x[1::2], y[0::2], y[1::2]
+    assert len(set(keys)) == 6 and sorted(queries) == sorted(keys)
+    assert [values[list(keys).index(q)] for q in queries] == list(answers)
     assert np.all(values >= task.settings.vocab_size)
+  np.testing.assert_array_equal(task.scored(3), [False, True] * 3)  # the random queries are not scored
+
+
+def test_unscored_outputs_carry_no_weight():
+  """Recall scores only the values: the loss and both accuracies ignore the random queries."""
+  for kind in ('decoder_only', 'encoder_decoder'):
+    batch = _task('recall', kind).batch(0, 0, 'eval', 4, length=5)
+    offset = 0 if kind == 'encoder_decoder' else 2 * 5 + 1
+    weights = batch['weights'][:, offset:offset + 2 * 5 + 1]
+    np.testing.assert_array_equal(weights, np.tile([0, 1] * 5 + [1], (4, 1)))
+    assert batch['weights'].sum() == 4 * 6
 
 
 def test_recall_needs_enough_distinct_keys():

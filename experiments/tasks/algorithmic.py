@@ -30,6 +30,10 @@ class AlgorithmicTask(Task):
   def output_size(self, n: int) -> int:
     return n
 
+  def scored(self, n: int) -> np.ndarray:
+    """Which of the output_size(n) output symbols the loss and the accuracies cover (EOS always)."""
+    return np.ones(self.output_size(n), bool)
+
   def example(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) for a problem of size n, as symbol indices in [0, num_symbols)."""
     raise NotImplementedError
@@ -51,7 +55,8 @@ class AlgorithmicTask(Task):
     examples = []
     for n in sizes:
       x, y = self.example(rng, int(n))
-      examples.append((np.asarray(x) + NUM_SPECIALS, np.asarray(y) + NUM_SPECIALS))
+      scored = np.append(self.scored(int(n)), True).astype(np.float32)  # the outputs, then EOS
+      examples.append((np.asarray(x) + NUM_SPECIALS, np.asarray(y) + NUM_SPECIALS, scored))
     if settings.model_kind == 'encoder_decoder':
       return self._encoder_decoder_batch(examples, padded)
     return self._decoder_only_batch(examples, padded)
@@ -61,10 +66,10 @@ class AlgorithmicTask(Task):
     sequence = np.full((len(examples), width), PAD, np.int32)
     weights = np.zeros((len(examples), width - 1), np.float32)
     valid = np.zeros((len(examples), width - 1), bool)
-    for b, (x, y) in enumerate(examples):
+    for b, (x, y, scored) in enumerate(examples):
       row = np.concatenate([[BOS], x, [SEP], y, [EOS]])
       sequence[b, :len(row)] = row
-      weights[b, len(x) + 1:len(x) + len(y) + 2] = 1.0  # predictions of y_1 .. y_m and EOS
+      weights[b, len(x) + 1:len(x) + len(y) + 2] = scored  # predictions of y_1 .. y_m, EOS
       valid[b, :len(row) - 1] = True
     return dict(inputs=sequence[:, :-1], targets=sequence[:, 1:], weights=weights, valid=valid)
 
@@ -73,13 +78,15 @@ class AlgorithmicTask(Task):
     target = np.full((len(examples), self.output_size(padded) + 2), PAD, np.int32)
     source_valid = np.zeros(source.shape, bool)
     valid = np.zeros((len(examples), target.shape[1] - 1), bool)
-    for b, (x, y) in enumerate(examples):
+    weights = np.zeros(valid.shape, np.float32)
+    for b, (x, y, scored) in enumerate(examples):
       source[b, :len(x)] = x
       source_valid[b, :len(x)] = True
       target[b, :len(y) + 2] = np.concatenate([[BOS], y, [EOS]])
       valid[b, :len(y) + 1] = True
+      weights[b, :len(y) + 1] = scored
     return dict(source=source, source_valid=source_valid, inputs=target[:, :-1], targets=target[:, 1:],
-                weights=valid.astype(np.float32), valid=valid)
+                weights=weights, valid=valid)
 
   def _random_symbols(self, rng, n):
     return rng.integers(0, self.num_symbols, size=n)
@@ -110,17 +117,19 @@ class Sort(AlgorithmicTask):
 
 
 class Addition(AlgorithmicTask):
-  """a + b for two n-digit numbers. Digits are written least significant first (inputs and sum),
-  the order in which carries propagate: x = a_0..a_{n-1} + b_0..b_{n-1}, y = s_0..s_n.
-  Symbols: the digits 0-9 and '+'; task.vocab_size is not used."""
-  PLUS = 10
+  """a + b for two n-digit numbers. Digits are least significant first, the order in which carries
+  propagate, and the operands are interleaved, so that output digit i sits at a fixed offset from
+  the two digits it needs: x = a_0 b_0 a_1 b_1 .. a_{n-1} b_{n-1}, y = s_0 .. s_n
+  (the "aligned" format of Lee et al. 2023, Teaching Arithmetic to Small Transformers; with the
+  operands one after the other our 3-layer models stayed near 0.35 token accuracy in 2,000 steps).
+  Symbols: the digits 0-9; task.vocab_size is not used."""
 
   @property
   def num_symbols(self):
-    return 11
+    return 10
 
   def input_size(self, n):
-    return 2 * n + 1
+    return 2 * n
 
   def output_size(self, n):
     return n + 1
@@ -129,7 +138,7 @@ class Addition(AlgorithmicTask):
     a, b = rng.integers(0, 10, size=n), rng.integers(0, 10, size=n)
     total = sum(int(d) * 10 ** i for i, d in enumerate(a)) + sum(int(d) * 10 ** i for i, d in enumerate(b))
     digits = [(total // 10 ** i) % 10 for i in range(n + 1)]
-    return np.concatenate([a, [self.PLUS], b]), np.asarray(digits)
+    return np.stack([a, b], axis=1).reshape(-1), np.asarray(digits)
 
 
 class Parity(AlgorithmicTask):
@@ -148,8 +157,10 @@ class Parity(AlgorithmicTask):
 
 
 class Recall(AlgorithmicTask):
-  """Associative recall: n distinct keys each followed by its value, then one of the keys; y is
-  that key's value. Keys are the first task.vocab_size symbols, values 10 further symbols."""
+  """Multi-query associative recall (MQAR; Arora et al. 2023, Zoology): n distinct keys each
+  followed by its value, x = k_1 v_1 .. k_n v_n; then every key once in a random order, each
+  followed by its value, y = q_1 v(q_1) .. q_n v(q_n). Only the values are scored: the queries are
+  random. Keys are the first task.vocab_size symbols, values 10 further symbols."""
   NUM_VALUES = 10
 
   @property
@@ -157,10 +168,13 @@ class Recall(AlgorithmicTask):
     return self.settings.vocab_size + self.NUM_VALUES
 
   def input_size(self, n):
-    return 2 * n + 1
+    return 2 * n
 
   def output_size(self, n):
-    return 1
+    return 2 * n
+
+  def scored(self, n):
+    return np.arange(self.output_size(n)) % 2 == 1
 
   def validate(self):
     longest = max(self.settings.max_length, *self.settings.eval_lengths)
@@ -172,9 +186,9 @@ class Recall(AlgorithmicTask):
   def example(self, rng, n):
     keys = rng.choice(self.settings.vocab_size, size=n, replace=False)
     values = self.settings.vocab_size + rng.integers(0, self.NUM_VALUES, size=n)
-    query = rng.integers(0, n)
+    order = rng.permutation(n)
     pairs = np.stack([keys, values], axis=1).reshape(-1)
-    return np.concatenate([pairs, [keys[query]]]), np.asarray([values[query]])
+    return pairs, np.stack([keys[order], values[order]], axis=1).reshape(-1)
 
 
 ALGORITHMIC_TASKS = {'copy': Copy, 'reverse': Reverse, 'sort': Sort, 'addition': Addition, 'parity': Parity,
