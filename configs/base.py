@@ -10,13 +10,15 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.parallel = 'pmap'             # 'pmap' (pmap + pmean) or 'mesh' (jit + NamedSharding over a mesh)
 
   config.task = ml_collections.ConfigDict()
-  config.task.name = 'copy'            # see experiments/tasks: copy, reverse, ...
-  config.task.model_kind = 'decoder_only'  # decoder_only or encoder_decoder
+  config.task.name = 'copy'            # see experiments/tasks: copy, reverse, ..., shakespeare, forecast
+  config.task.model_kind = 'decoder_only'  # decoder_only, encoder_decoder or encoder_only (forecast)
   config.task.vocab_size = 16          # symbols the task draws from (specials are added on top)
   config.task.min_length = 1           # shortest training sequence (before specials)
   config.task.max_length = 16          # longest training sequence; the "training length" L
   config.task.eval_lengths = (8, 16, 32, 64)  # lengths evaluated at the end (and every eval_every)
   config.task.eval_batches = 2         # batches per evaluation length
+  config.task.dataset = ''             # forecast: the series, sunspots, co2 or stocks
+  config.task.horizon = 1              # forecast: steps predicted at once
 
   config.model = ml_collections.ConfigDict()
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'
@@ -32,6 +34,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = True   # output projection = input embedding transposed
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
   config.model.bidirectional = True    # recurrent encoders read both directions
+  config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls') or the mean ('mean')
 
   config.model.position = ml_collections.ConfigDict()
   config.model.position.kind = 'sinusoidal'  # none, sinusoidal, learned, shaw, t5, tupe_a, tupe_r, rope, alibi

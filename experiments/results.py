@@ -11,8 +11,18 @@ from experiments.files import write_json_atomically, write_text_atomically
 from experiments.trainer import SUMMARY_FILE
 
 FAILURES_FILE = 'failures.json'
-MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy')
-HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'bits_per_character': False}
+MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'mae', 'mse')
+HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'bits_per_character': False, 'mae': False,
+                    'mse': False}
+
+
+def baseline_of(name: str):
+  """'bigram_bits_per_character' -> ('bigram', 'bits_per_character'): an evaluation record's
+  baseline fields are <baseline>_<metric>; None for any other field."""
+  for metric in MAIN_METRICS:
+    if name.endswith('_' + metric) and name != metric:
+      return name[:-len(metric) - 1], metric
+  return None
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -39,7 +49,7 @@ class Table:
   metrics: list             # the main metrics present
   training_length: int
   values: dict              # variant -> length -> metric -> [value per finished seed]
-  baselines: dict           # name -> length -> value (e.g. bigram bits per character)
+  baselines: dict           # metric -> baseline name -> length -> value (e.g. bigram bits per character)
   curves: dict              # variant -> [(steps, losses) per seed]
   seeds: dict               # variant -> number of finished seeds
 
@@ -71,8 +81,9 @@ def aggregate(sweep: str, variants: list, seeds: int) -> Table:
               metrics.add(metric)
               values[variant].setdefault(length, {}).setdefault(metric, []).append(record[metric])
           for name, value in record.items():
-            if name.endswith('_bits_per_character') and name != 'bits_per_character':
-              baselines.setdefault(name.replace('_bits_per_character', ''), {})[length] = value
+            if baseline_of(name):
+              baseline, metric = baseline_of(name)
+              baselines.setdefault(metric, {}).setdefault(baseline, {})[length] = value
       train = [r for r in records if r['split'] == 'train']
       curves[variant].append(([r['step'] for r in train], [r['loss'] for r in train]))
   return Table(variants=list(variants), lengths=sorted(lengths), metrics=[m for m in MAIN_METRICS if m in metrics],
@@ -103,9 +114,10 @@ def write_tables(sweep: str, table: Table, failures: dict) -> list:
                            'ok' if not failed else f'{len(failed)} failed'])
     for name in failed:
       writer.writerow([variant, '', '', '', '', 0, f'failed: {failures[name]}'])
-  for name, by_length in table.baselines.items():
-    for length, value in sorted(by_length.items()):
-      writer.writerow([f'{name} (baseline)', length, 'bits_per_character', f'{value:.6g}', '0', '', 'ok'])
+  for metric, by_name in table.baselines.items():
+    for name, by_length in by_name.items():
+      for length, value in sorted(by_length.items()):
+        writer.writerow([f'{name} (baseline)', length, metric, f'{value:.6g}', '0', '', 'ok'])
   write_text_atomically(csv_path, rows.getvalue())
 
   lines = []
@@ -124,10 +136,9 @@ def write_tables(sweep: str, table: Table, failures: dict) -> list:
         else:
           cells.append('—')
       lines.append(f'| {variant} | ' + ' | '.join(cells) + f' | {table.seeds[variant]} |')
-    if metric == 'bits_per_character':
-      for name, by_length in table.baselines.items():
-        lines.append(f'| {name} (baseline) | ' + ' | '.join(
-            f'{by_length[n]:.3f}' if n in by_length else '—' for n in table.lengths) + ' | |')
+    for name, by_length in table.baselines.get(metric, {}).items():
+      lines.append(f'| {name} (baseline) | ' + ' | '.join(
+          f'{by_length[n]:.3f}' if n in by_length else '—' for n in table.lengths) + ' | |')
     lines.append('')
   if failures:
     lines += ['### Failed runs', '']
@@ -157,10 +168,10 @@ def plot(sweep: str, table: Table) -> list:
       if any(len(v) > 1 for _, v in points):
         axis.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=line.get_color(),
                           alpha=0.2)
-    for name, by_length in table.baselines.items():
-      if metric == 'bits_per_character':
-        xs = sorted(by_length)
-        axis.plot(xs, [by_length[n] for n in xs], linestyle=':', color='grey', label=f'{name} baseline')
+    for index, (name, by_length) in enumerate(table.baselines.get(metric, {}).items()):
+      xs = sorted(by_length)
+      axis.plot(xs, [by_length[n] for n in xs], linestyle=(0, (1, 1 + index)), color='grey',
+                label=f'{name} baseline')
     axis.axvline(table.training_length, color='black', linestyle='--', linewidth=1, label='training length')
     axis.set_xscale('log', base=2)
     axis.set_xticks(table.lengths, [str(n) for n in table.lengths])

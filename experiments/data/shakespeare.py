@@ -1,28 +1,15 @@
 """Loads the prepared Shakespeare files, checking each against the manifest's sha256."""
 
 import functools
-import hashlib
-import json
 import lzma
 import os
 
 import numpy as np
 
+from experiments.data.manifest import read_checked, read_manifest
+
 DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'shakespeare')
 REBUILD = 'python -m experiments.data.prepare_shakespeare'
-
-
-class DataError(RuntimeError):
-  """A prepared data file is missing or corrupt: the message names it and how to rebuild it."""
-
-
-def _manifest(directory: str) -> dict:
-  path = os.path.join(directory, 'manifest.json')
-  try:
-    with open(path) as file:
-      return json.load(file)
-  except (OSError, json.JSONDecodeError) as error:
-    raise DataError(f'{path}: missing or unreadable ({type(error).__name__}); rebuild it with: {REBUILD}') from None
 
 
 def load(split: str, directory: str | None = None) -> tuple[np.ndarray, str]:
@@ -32,16 +19,8 @@ def load(split: str, directory: str | None = None) -> tuple[np.ndarray, str]:
 
 @functools.lru_cache(maxsize=4)
 def _load(split: str, directory: str) -> tuple[np.ndarray, str]:
-  manifest = _manifest(directory)
-  entry = manifest['splits'][split]
-  path = os.path.join(directory, entry['file'])
-  try:
-    with open(path, 'rb') as file:
-      compressed = file.read()
-  except OSError:
-    raise DataError(f'{path}: missing; rebuild it with: {REBUILD}') from None
-  if hashlib.sha256(compressed).hexdigest() != entry['sha256']:
-    raise DataError(f'{path}: corrupt (sha256 differs from manifest.json); rebuild it with: {REBUILD}')
+  manifest = read_manifest(directory, REBUILD)
+  compressed = read_checked(directory, manifest['splits'][split], REBUILD)
   text = lzma.decompress(compressed).decode(manifest['encoding'])
   vocabulary = manifest['vocabulary']
   lookup = np.zeros(256, np.uint8)
@@ -51,4 +30,4 @@ def _load(split: str, directory: str) -> tuple[np.ndarray, str]:
 
 
 def vocabulary_size(directory: str | None = None) -> int:
-  return len(_manifest(directory or DIRECTORY)['vocabulary'])
+  return len(read_manifest(directory or DIRECTORY, REBUILD)['vocabulary'])

@@ -29,6 +29,8 @@ class TaskSettings:
   max_length: int
   eval_lengths: tuple
   eval_batches: int
+  dataset: str = ''
+  horizon: int = 1
 
 
 class Task(abc.ABC):
@@ -36,6 +38,8 @@ class Task(abc.ABC):
   decoder-only: inputs, targets, weights (loss mask), valid (padding mask), all B x T;
   encoder-decoder: additionally source and source_valid, B x S."""
   model_kinds: tuple = ('decoder_only', 'encoder_decoder')
+  fixed_width_keys: tuple = ()  # batch arrays whose axis 1 is not time (evaluation pads the others)
+  headline_metric: str = 'token_accuracy'  # the metric the training log line shows
 
   def __init__(self, settings: TaskSettings):
     self.settings = settings
@@ -48,6 +52,11 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def batch(self, seed: int, step: int, split: str, batch_size: int, length: int | None = None) -> dict:
     """Training batches mix lengths up to max_length (length=None); evaluation fixes the length."""
+
+  @property
+  def model_fields(self) -> dict:
+    """ModelConfig fields the task decides (e.g. num_outputs, input_features)."""
+    return {}
 
   def validate(self) -> str | None:
     """A one-line message naming the field when the settings cannot work for this task."""

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from experiments.data import shakespeare as data
+from experiments.data.manifest import DataError
 from experiments.tasks.base import Task, batch_rng, summarize
 
 SPLIT_FILES = {'train': 'train', 'eval': 'heldout', 'test': 'heldout'}
@@ -40,7 +41,7 @@ class Shakespeare(Task):
     try:
       for split in ('train', 'heldout'):
         data.load(split)
-    except data.DataError as error:
+    except DataError as error:
       return f'task.name: shakespeare: {error}'
     return None
 

@@ -1,0 +1,50 @@
+"""Time-series forecasting with an encoder-only Transformer: a window of past values in, the next
+task.horizon values out; chronological splits, scaling fitted on the training span only, MSE and
+MAE against the naive (last value) and seasonal-naive forecasts (experiments/tasks/forecast.py).
+
+Command:  python -m experiments.train --config=configs/forecast.py --workdir=runs/forecast
+          series (configs/forecast.py:<series>): co2 (weekly, 2,284; the default), sunspots (yearly,
+          309), stocks (daily AAPL, IBM, MSFT, 3,270)
+          LSTM baseline: --config.model.architecture=lstm; any variant: --config.model.position.kind=t5
+CPU time: (to be measured)
+Expected: (to be measured)
+"""
+
+from configs import base
+
+# Per series: the season of the seasonal-naive baseline is fixed by the task (11 years, 52 weeks,
+# 5 trading days); training windows of min_length..max_length values, evaluated at eval_lengths.
+SERIES = {
+    'sunspots': dict(horizon=8, min_length=12, max_length=32, eval_lengths=(16, 32, 64, 128)),
+    'co2': dict(horizon=26, min_length=52, max_length=104, eval_lengths=(64, 104, 208, 416)),
+    'stocks': dict(horizon=5, min_length=8, max_length=32, eval_lengths=(16, 32, 64, 128)),
+}
+
+
+def get_config(series: str = 'co2'):
+  if series not in SERIES:
+    raise ValueError(f'configs/forecast.py:{series}: unknown series; valid: {", ".join(SERIES)}')
+  config = base.get_base_config()
+  config.task.name = 'forecast'
+  config.task.model_kind = 'encoder_only'
+  config.task.dataset = series
+  for field, value in SERIES[series].items():
+    config.task[field] = value
+  config.task.eval_batches = 8
+  config.model.pooling = 'cls'
+  config.model.model_dim = 64
+  config.model.num_heads = 4
+  config.model.feed_forward_dim = 128
+  config.model.num_encoder_layers = 2
+  config.model.dropout_rate = 0.1
+  config.model.position.max_length = 512
+  config.train.steps = 1000
+  config.train.batch_size = 64
+  config.train.learning_rate = 1e-3
+  config.train.schedule = 'warmup_cosine'
+  config.train.warmup_steps = 100
+  config.train.weight_decay = 0.01
+  config.train.log_every = 100
+  config.train.eval_every = 500
+  config.train.checkpoint_every = 500
+  return config
