@@ -26,6 +26,10 @@ TASKS = {
     'parity': dict(vocab_size=2, max_length=8, eval_lengths=(4, 8, 12, 16, 24, 32)),
     'recall': dict(vocab_size=32, max_length=8, eval_lengths=(4, 8, 12, 16, 24, 32)),
 }
+# Recall needs the width: at 64 (any learning rate tried) it stays near 0.6 token accuracy for 6,000
+# steps; at 128 with 1e-3, rope reaches 1.000 by step 600.
+CHANGES = {'recall': {'model.model_dim': 128, 'model.feed_forward_dim': 512, 'train.learning_rate': 1e-3,
+                      'train.steps': 1000, 'train.eval_every': 500, 'train.checkpoint_every': 500}}
 
 
 def get_config(task: str = 'copy'):
@@ -48,4 +52,7 @@ def get_config(task: str = 'copy'):
   config.train.log_every = 100
   config.train.eval_every = 1000
   config.train.checkpoint_every = 1000
+  for field, value in CHANGES.get(task, {}).items():
+    section, name = field.split('.')
+    config[section][name] = value
   return config
