@@ -11,16 +11,18 @@ from experiments.files import write_json_atomically, write_text_atomically
 from experiments.trainer import SUMMARY_FILE
 
 FAILURES_FILE = 'failures.json'
-MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'mae', 'mse')
-HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'bits_per_character': False, 'mae': False,
-                    'mse': False}
+MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'mae', 'mse')
+HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'accuracy': True, 'bits_per_character': False,
+                    'mae': False, 'mse': False}
 
 
 def baseline_of(name: str):
   """'bigram_bits_per_character' -> ('bigram', 'bits_per_character'): an evaluation record's
   baseline fields are <baseline>_<metric>; None for any other field."""
+  if name in MAIN_METRICS:
+    return None
   for metric in MAIN_METRICS:
-    if name.endswith('_' + metric) and name != metric:
+    if name.endswith('_' + metric):
       return name[:-len(metric) - 1], metric
   return None
 

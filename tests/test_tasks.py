@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import transformer
-from configs import algorithmic, base, forecast as forecast_config, shakespeare as shakespeare_config, smoke
+from configs import algorithmic, base, classify as classify_config, forecast as forecast_config
+from configs import shakespeare as shakespeare_config, smoke
 from experiments import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
 from experiments.data.manifest import DataError
@@ -203,7 +204,8 @@ def _quick(config, **changes):
 
 CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t in ALGORITHMIC] + [
     ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config)] + [
-    (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES]
+    (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES] + [
+    ('classify.py', classify_config.get_config)]
 
 
 @pytest.mark.parametrize('name,make', CONFIGS, ids=[c[0] for c in CONFIGS])

@@ -47,6 +47,15 @@ def read_works(archive: str) -> dict[str, str]:
   return works
 
 
+def spans(works: dict[str, str], separator: str) -> list:
+  """[name, start, end] of each work inside separator.join(works.values()), in that order."""
+  result, start = [], 0
+  for name, text in works.items():
+    result.append([name, start, start + len(text)])
+    start += len(text) + len(separator)
+  return result
+
+
 def write_xz(path: str, text: str) -> None:
   temporary = path + '.tmp'
   with lzma.open(temporary, 'wt', encoding='latin-1', preset=9) as file:
@@ -82,7 +91,7 @@ def main():
       encoding='latin-1',
       vocabulary=vocabulary,
       splits={split: dict(file=files[split], sha256=sha256_of_file(os.path.join(args.output, files[split])),
-                          characters=len(text), works=sorted(names))
+                          characters=len(text), works=sorted(names), spans=spans(names, separator))
               for split, text, names in (('train', train_text, train), ('heldout', held_out_text, held_out))})
   with open(os.path.join(args.output, 'manifest.json.tmp'), 'w') as file:
     json.dump(manifest, file, indent=2, sort_keys=True)

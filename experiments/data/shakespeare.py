@@ -31,3 +31,11 @@ def _load(split: str, directory: str) -> tuple[np.ndarray, str]:
 
 def vocabulary_size(directory: str | None = None) -> int:
   return len(read_manifest(directory or DIRECTORY, REBUILD)['vocabulary'])
+
+
+def works(split: str, directory: str | None = None) -> dict[str, np.ndarray]:
+  """Each work of a split as character ids, by name, cut at the spans the manifest records."""
+  directory = directory or DIRECTORY
+  ids, _ = load(split, directory)
+  spans = read_manifest(directory, REBUILD)['splits'][split]['spans']
+  return {name: ids[start:end] for name, start, end in spans}

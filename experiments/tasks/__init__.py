@@ -2,7 +2,9 @@
 
 from experiments.tasks.algorithmic import ALGORITHMIC_TASKS
 from experiments.tasks.base import Task
+from experiments.tasks.classify import Classify
 from experiments.tasks.forecast import Forecast
 from experiments.tasks.shakespeare import Shakespeare
 
-TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS, shakespeare=Shakespeare, forecast=Forecast)
+TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS, shakespeare=Shakespeare, forecast=Forecast,
+                                    classify=Classify)

@@ -1,0 +1,41 @@
+"""Sentence classification through a [CLS] token on an encoder-only Transformer: which of four plays
+(Julius Caesar, Much Ado About Nothing, Richard III, Othello) a speech comes from, read as
+characters; beside a bag-of-characters naive Bayes baseline on the same speeches
+(experiments/tasks/classify.py). Trained on speeches cut to 64 characters, evaluated on the
+held-out speeches cut to 32 .. 512.
+
+Command:  python -m experiments.train --config=configs/classify.py --workdir=runs/classify
+          any variant: --config.model.position.kind=tupe_a (its [CLS] reset applies here);
+          LSTM baseline: --config.model.architecture=lstm
+CPU time: (to be measured)
+Expected: (to be measured)
+"""
+
+from configs import base
+
+
+def get_config():
+  config = base.get_base_config()
+  config.task.name = 'classify'
+  config.task.model_kind = 'encoder_only'
+  config.task.dataset = 'shakespeare_plays'
+  config.task.max_length = 64
+  config.task.eval_lengths = (32, 64, 128, 256, 512)
+  config.task.eval_batches = 7  # 7 x 64 covers the 398 held-out speeches
+  config.model.pooling = 'cls'
+  config.model.model_dim = 64
+  config.model.num_heads = 4
+  config.model.feed_forward_dim = 256
+  config.model.num_encoder_layers = 2
+  config.model.dropout_rate = 0.1
+  config.model.position.max_length = 1024
+  config.train.steps = 1500
+  config.train.batch_size = 64
+  config.train.learning_rate = 1e-3
+  config.train.schedule = 'warmup_cosine'
+  config.train.warmup_steps = 100
+  config.train.weight_decay = 0.01
+  config.train.log_every = 100
+  config.train.eval_every = 500
+  config.train.checkpoint_every = 500
+  return config
