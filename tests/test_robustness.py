@@ -37,7 +37,7 @@ BAD_OVERRIDES = [  # (overrides, what the one line must say); 8 devices in this 
     (['--config.model.feed_forward_dim=-1'], 'model.feed_forward_dim: got -1; valid: a positive integer'),
     (['--config.model.num_heads=3'], 'model.num_heads: got 3; valid: a divisor of model_dim=32'),
     (['--config.model.position.kind=fourier'], "model.position.kind: got 'fourier'; valid: alibi, learned"),
-    (['--config.task.name=tetris'], "task.name: got 'tetris'; valid: addition, copy"),
+    (['--config.task.name=tetris'], "task.name: got 'tetris'; valid: addition, classify, copy"),
     (['--config.task.model_kind=encoder_only'], "task.model_kind: got 'encoder_only'; valid: decoder_only"),
     (['--config.model.position.kind=learned', '--config.model.position.max_length=20'],
      'model.position.max_length: got 20; valid: at least 26'),
