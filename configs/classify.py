@@ -24,20 +24,11 @@ def get_config():
   config.task.max_length = 64
   config.task.eval_lengths = (32, 64, 128, 256, 512)
   config.task.eval_batches = 7  # 7 x 64 covers the 398 held-out speeches
-  config.model.pooling = 'cls'
-  config.model.model_dim = 64
-  config.model.num_heads = 4
-  config.model.feed_forward_dim = 256
-  config.model.num_encoder_layers = 2
   config.model.dropout_rate = 0.1
   config.model.position.max_length = 1024
   config.train.steps = 1500
-  config.train.batch_size = 64
-  config.train.learning_rate = 1e-3
   config.train.schedule = 'warmup_cosine'
   config.train.warmup_steps = 100
   config.train.weight_decay = 0.01
   config.train.log_every = 100
-  config.train.eval_every = 500
-  config.train.checkpoint_every = 500
   return config

@@ -39,21 +39,13 @@ def get_config(series: str = 'co2'):
   for field, value in SERIES[series].items():
     config.task[field] = value
   config.task.eval_batches = 8
-  config.model.pooling = 'cls'
   config.model.position.kind = 'rope'  # measured better than sinusoidal here (docstring)
-  config.model.model_dim = 64
-  config.model.num_heads = 4
   config.model.feed_forward_dim = 128
-  config.model.num_encoder_layers = 2
   config.model.dropout_rate = 0.1
   config.model.position.max_length = 512
   config.train.steps = 1000
-  config.train.batch_size = 64
-  config.train.learning_rate = 1e-3
   config.train.schedule = 'warmup_cosine'
   config.train.warmup_steps = 100
   config.train.weight_decay = 0.01
   config.train.log_every = 100
-  config.train.eval_every = 500
-  config.train.checkpoint_every = 500
   return config

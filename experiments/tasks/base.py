@@ -20,6 +20,19 @@ def batch_rng(seed: int, split: str, step: int, length: int = 0) -> np.random.Ge
   return np.random.default_rng([seed, SPLITS[split], step, length])
 
 
+def evaluation_rows(count: int, eval_batches: int, batch_size: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+  """(item indices, weights) of evaluation batch `index` over `count` fixed items: an even spread
+  of eval_batches * batch_size of them (all when there are no more), so every item is scored once;
+  rows past the end repeat the last item with weight 0."""
+  total = min(count, eval_batches * batch_size)
+  spread = np.unique(np.round(np.linspace(0, count - 1, total)).astype(int))
+  part = spread[index * batch_size:(index + 1) * batch_size]
+  weights = np.zeros(batch_size, np.float32)
+  weights[:len(part)] = 1.0
+  part = part if len(part) else spread[-1:]
+  return np.concatenate([part, np.repeat(part[-1:], batch_size - len(part))]), weights
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskSettings:
   name: str

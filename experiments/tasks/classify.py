@@ -20,7 +20,7 @@ import optax
 
 from experiments.data import shakespeare as data
 from experiments.data.manifest import DataError
-from experiments.tasks.base import Task, batch_rng
+from experiments.tasks.base import Task, batch_rng, evaluation_rows
 
 PLAYS = ('julius_caesar', 'much_ado_about_nothing', 'richard_iii', 'othello')  # tragedy, comedy, history, tragedy
 SPEAKER = re.compile(r"^[A-Z][A-Za-z' ]{0,24}\.$")  # "Laer." or "First Citizen."
@@ -103,13 +103,7 @@ class Classify(Task):
       weights = np.ones(batch_size, np.float32)
       width = self.settings.max_length
     else:
-      total = min(len(texts), self.settings.eval_batches * batch_size)
-      spread = np.unique(np.round(np.linspace(0, len(texts) - 1, total)).astype(int))
-      part = spread[step * batch_size:(step + 1) * batch_size]
-      weights = np.zeros(batch_size, np.float32)
-      weights[:len(part)] = 1.0
-      part = part if len(part) else spread[-1:]
-      indices = np.concatenate([part, np.repeat(part[-1:], batch_size - len(part))])
+      indices, weights = evaluation_rows(len(texts), self.settings.eval_batches, batch_size, step)
       width = length
     inputs = np.full((batch_size, width), PAD, np.int32)
     for row, index in enumerate(indices):

@@ -24,7 +24,7 @@ import numpy as np
 
 from experiments.data import series as series_data
 from experiments.data.manifest import DataError
-from experiments.tasks.base import SPLITS, Task, batch_rng
+from experiments.tasks.base import SPLITS, Task, batch_rng, evaluation_rows
 
 SPLIT_FRACTIONS = {'train': (0.0, 0.7), 'eval': (0.7, 0.85), 'test': (0.85, 1.0)}
 SEASONS = {'sunspots': 11, 'co2': 52, 'stocks': 5}  # years of the solar cycle; weeks; trading days
@@ -126,17 +126,10 @@ class Forecast(Task):
     return dict(inputs=inputs, valid=valid, targets=targets, weights=weights, seasonal=seasonal)
 
   def _evaluation_windows(self, split, length, index, batch_size):
-    """Batch `index` of an even spread of eval_batches * batch_size of the split's windows (all of
-    them when there are no more); rows past the end repeat the last window with weight 0."""
+    """Batch `index` of the split's windows (tasks.base.evaluation_rows)."""
     candidates = self.windows(split, length)
-    total = min(len(candidates), self.settings.eval_batches * batch_size)
-    spread = candidates[np.unique(np.round(np.linspace(0, len(candidates) - 1, total)).astype(int))]
-    part = spread[index * batch_size:(index + 1) * batch_size]
-    weights = np.zeros(batch_size, np.float32)
-    weights[:len(part)] = 1.0
-    if not len(part):
-      part = spread[-1:]
-    return np.concatenate([part, np.repeat(part[-1:], batch_size - len(part), 0)]), weights
+    rows, weights = evaluation_rows(len(candidates), self.settings.eval_batches, batch_size, index)
+    return candidates[rows], weights
 
   def model_inputs(self, batch):
     return (batch['inputs'],), dict(valid_BxL=batch['valid'])
