@@ -67,3 +67,14 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.train.checkpoint_every = 500  # steps between checkpoints (and one at the end)
   config.train.keep_checkpoints = 2    # how many checkpoints to keep
   return config
+
+
+def for_real_data(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The regularised recipe of the real-data tasks (forecast, classify, tracing): dropout 0.1,
+  weight decay 0.01, a short warm-up and a cosine decay, a log line every 100 steps."""
+  config.model.dropout_rate = 0.1
+  config.train.schedule = 'warmup_cosine'
+  config.train.warmup_steps = 100
+  config.train.weight_decay = 0.01
+  config.train.log_every = 100
+  return config

@@ -17,18 +17,13 @@ from configs import base
 
 
 def get_config():
-  config = base.get_base_config()
+  config = base.for_real_data(base.get_base_config())
   config.task.name = 'classify'
   config.task.model_kind = 'encoder_only'
   config.task.dataset = 'shakespeare_plays'
   config.task.max_length = 64
   config.task.eval_lengths = (32, 64, 128, 256, 512)
   config.task.eval_batches = 7  # 7 x 64 covers the 398 held-out speeches
-  config.model.dropout_rate = 0.1
   config.model.position.max_length = 1024
   config.train.steps = 1500
-  config.train.schedule = 'warmup_cosine'
-  config.train.warmup_steps = 100
-  config.train.weight_decay = 0.01
-  config.train.log_every = 100
   return config

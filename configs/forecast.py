@@ -32,7 +32,7 @@ SERIES = {
 def get_config(series: str = 'co2'):
   if series not in SERIES:
     raise ValueError(f'configs/forecast.py:{series}: unknown series; valid: {", ".join(SERIES)}')
-  config = base.get_base_config()
+  config = base.for_real_data(base.get_base_config())
   config.task.name = 'forecast'
   config.task.model_kind = 'encoder_only'
   config.task.dataset = series
@@ -41,11 +41,6 @@ def get_config(series: str = 'co2'):
   config.task.eval_batches = 8
   config.model.position.kind = 'rope'  # measured better than sinusoidal here (docstring)
   config.model.feed_forward_dim = 128
-  config.model.dropout_rate = 0.1
   config.model.position.max_length = 512
   config.train.steps = 1000
-  config.train.schedule = 'warmup_cosine'
-  config.train.warmup_steps = 100
-  config.train.weight_decay = 0.01
-  config.train.log_every = 100
   return config

@@ -11,9 +11,9 @@ from experiments.files import write_json_atomically, write_text_atomically
 from experiments.trainer import SUMMARY_FILE
 
 FAILURES_FILE = 'failures.json'
-MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'mae', 'mse')
-HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'accuracy': True, 'bits_per_character': False,
-                    'mae': False, 'mse': False}
+MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'auc', 'mae', 'mse')
+HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'accuracy': True, 'auc': True,
+                    'bits_per_character': False, 'mae': False, 'mse': False}
 
 
 def baseline_of(name: str):

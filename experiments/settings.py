@@ -139,7 +139,8 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     position = transformer.PositionConfig(**_section(config.model.position, 'model.position.',
                                                      transformer.PositionConfig))
     model_fields = _section(config.model, 'model.', transformer.ModelConfig,
-                            skip=('position', 'vocab_size', 'num_outputs', 'input_features'))
+                            skip=('position', 'vocab_size', 'num_outputs', 'input_features',
+                                  'aligned_cross_attention'))
     model = transformer.ModelConfig(position=position, vocab_size=task_object.vocab_size,
                                     **dict(model_fields, **task_object.model_fields))
   except ConfigError:

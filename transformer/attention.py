@@ -60,7 +60,8 @@ class MultiHeadAttention(nn.Module):
 
   `positions` (the per-layer hooks of a positional variant) enter at fixed points and never by
   name: rotate the projected queries and keys, add a logits term, set the scale, add a values term.
-  Cross-attention passes no hooks. The weights are sown as 'intermediates/attention_weights'.
+  Cross-attention passes no hooks unless source and target are aligned step by step. The weights
+  are sown as 'intermediates/attention_weights'.
   """
   num_heads: int
   dropout_rate: float = 0.0

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.layers import Dropout, FeedForward, LayerNorm
-from transformer.masks import cross_attention_mask, self_attention_mask
+from transformer.masks import causal_mask, cross_attention_mask, self_attention_mask
 from transformer.positions import VARIANTS
 from transformer.positions.base import Shared
 
@@ -48,6 +48,8 @@ class TransformerLayer(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared,
                memory_BxLsxD=None, memory_mask=None, deterministic: bool = True):
+    """With config.aligned_cross_attention, target position i and source position i are the same
+    step (SAINT's exercises and responses), so cross-attention gets position hooks of its own."""
     config = self.config
     hooks = VARIANTS[config.position.kind].layer(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
@@ -58,8 +60,13 @@ class TransformerLayer(nn.Module):
                                           deterministic=deterministic), deterministic)
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, name='cross_attention')
+      cross_hooks = VARIANTS[config.position.kind].layer(
+          **_hook_fields(config, self.num_layers, self.causal, self.has_cls),
+          name='cross_position') if config.aligned_cross_attention else None
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
-          x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, deterministic=deterministic),
+          x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, positions=cross_hooks,
+                                   q_positions_BxLq=positions_1xL, k_positions_BxLk=positions_1xL,
+                                   shared=shared, deterministic=deterministic),
           deterministic)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
                                name='feed_forward')
@@ -90,7 +97,15 @@ class TransformerStack(nn.Module):
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     shared = hooks.shared(positions_1xL, positions_1xL)
     self_mask = self_attention_mask(valid_BxL, length, self.causal)
-    memory_mask = cross_attention_mask(memory_valid_BxLs) if self.cross_attention else None
+    memory_mask = None
+    if self.cross_attention:
+      memory_mask = cross_attention_mask(memory_valid_BxLs)
+      if config.aligned_cross_attention:
+        if memory_BxLsxD.shape[1] != length:
+          raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
+                           f'target length {length}; valid: aligned sequences of equal length')
+        mask = causal_mask(length)
+        memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
     for index in range(self.num_layers):
       x_BxLxD = TransformerLayer(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                                  name=f'layer_{index}')(

@@ -5,6 +5,7 @@ from experiments.tasks.base import Task
 from experiments.tasks.classify import Classify
 from experiments.tasks.forecast import Forecast
 from experiments.tasks.shakespeare import Shakespeare
+from experiments.tasks.tracing import Tracing
 
 TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS, shakespeare=Shakespeare, forecast=Forecast,
-                                    classify=Classify)
+                                    classify=Classify, tracing=Tracing)

@@ -17,7 +17,9 @@ variant, and never branches on the variant's name.
     scale(head_dim)              the logit scale                              TUPE: 1/sqrt(2d)
 
 Positions are integer arrays of shape B x L (B may be 1, broadcast over the batch). Cross-attention
-gets no hooks at all.
+gets no hooks, unless the model's source and target are aligned step by step
+(ModelConfig.aligned_cross_attention): then a second set of layer hooks, with the decoder's shared
+terms, relates target step i to source step j as self-attention would.
 """
 
 import dataclasses
