@@ -6,8 +6,12 @@ evaluated with 10, 20, 40 and 80 items of history per chunk.
 
 Command:  python -m experiments.train --config=configs/tracing.py --workdir=runs/tracing
           the verbal part: --config.task.dataset=verb; any variant: --config.model.position.kind=rope
-CPU time: measured below.
-Expected: measured below.
+CPU time: about 20 minutes on a 2-core machine shared with three other runs (1,000 steps, 2 + 2
+          layers, 64 wide; 5,120 responses per step).
+Expected (measured, seed 0, sinusoidal, held-out test-takers): AUC 0.755 and accuracy 0.691 with 80
+          items of history, against 0.636 and 0.614 for the per-item difficulty baseline; with 10
+          items of history per chunk 0.662 / 0.618 (baseline 0.636 / 0.607): more history, better
+          predictions
 """
 
 from configs import base

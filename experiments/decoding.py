@@ -1,13 +1,12 @@
-"""Greedy decoding of algorithmic tasks: the model writes the whole answer itself, no teacher forcing.
-The command line is experiments/exact_match.py."""
-
+"""Decoding without teacher forcing: greedy answers of algorithmic tasks (the command line is
+experiments/exact_match.py) and greedy or beam-search translations (experiments/translate.py)."""
 
 import jax
 import numpy as np
 
 import transformer
 from experiments.tasks.algorithmic import AlgorithmicTask
-from experiments.tasks.base import BOS
+from experiments.tasks.base import BOS, EOS
 
 
 
@@ -47,3 +46,29 @@ def parse_lengths(text: str) -> list[int]:
     raise ValueError(f"--lengths: got {text!r}; valid: a range such as '1-16' or a list such as '4,8,16' of "
                      'positive sizes')
   return lengths
+
+
+def translations(task, model, params, split: str, length: int, beam_size: int, length_penalty: float,
+                 batch_size: int = 32) -> list[tuple[str, str, str]]:
+  """(source, reference, hypothesis) texts for every verse of one evaluation bucket of a
+  translation task, decoded greedily (beam_size 1) or by beam search."""
+  members = task.bucket(split, length)
+  pairs = {index: task.verse(split, index) for index in members}
+  max_length = task.sequence_length(length)
+  if beam_size == 1:
+    decode = jax.jit(lambda p, s, v: transformer.greedy_decode(model, p, s, bos_id=BOS, max_length=max_length,
+                                                               source_valid_BxLs=v))
+  else:
+    decode = jax.jit(lambda p, s, v: transformer.beam_search(
+        model, p, s, bos_id=BOS, eos_id=EOS, max_length=max_length, beam_size=beam_size,
+        length_penalty=length_penalty, source_valid_BxLs=v))
+  results = []
+  for start in range(0, len(members), batch_size):
+    chunk = members[start:start + batch_size]
+    source = np.zeros((batch_size, length + 1), np.int32)  # one shape per bucket: one compilation
+    for row, index in enumerate(chunk):
+      source[row, :len(pairs[index][0]) + 1] = np.append(pairs[index][0], EOS)
+    decoded = np.asarray(decode({'params': params}, source, source != 0))
+    for row, index in enumerate(chunk):
+      results.append((task.text(pairs[index][0]), task.text(pairs[index][1]), task.text(decoded[row])))
+  return results

@@ -11,6 +11,7 @@ import pytest
 import transformer
 from configs import algorithmic, base, classify as classify_config, forecast as forecast_config
 from configs import shakespeare as shakespeare_config, smoke, tracing as tracing_config
+from configs import translation as translation_config
 from experiments import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
 from experiments.data.manifest import DataError
@@ -205,7 +206,8 @@ def _quick(config, **changes):
 CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t in ALGORITHMIC] + [
     ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config)] + [
     (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES] + [
-    ('classify.py', classify_config.get_config), ('tracing.py', tracing_config.get_config)]
+    ('classify.py', classify_config.get_config), ('tracing.py', tracing_config.get_config),
+    ('translation.py', translation_config.get_config)]
 
 
 @pytest.mark.parametrize('name,make', CONFIGS, ids=[c[0] for c in CONFIGS])

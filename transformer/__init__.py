@@ -9,8 +9,8 @@ from transformer.factory import MODEL_KINDS, build_model
 from transformer.layers import (Dense, Dropout, Embed, FeedForward, LayerNorm, dropout, embedding_lookup,
                                 feed_forward, layer_norm, linear)
 from transformer.masks import causal_mask, cross_attention_mask, padding_mask, self_attention_mask
-from transformer.models import (DecoderOnly, EncoderDecoder, EncoderOnly, decoder_only_generate, greedy_decode,
-                                greedy_generate)
+from transformer.models import (DecoderOnly, EncoderDecoder, EncoderOnly, beam_search, decoder_only_generate,
+                                greedy_decode, greedy_generate)
 from transformer.positions import VARIANTS
 from transformer.recurrent import RecurrentDecoderOnly, RecurrentEncoderDecoder, RecurrentEncoderOnly
 from transformer.softmax import softmax

@@ -169,3 +169,46 @@ def greedy_decode(model: nn.Module, params, source_BxLs, *, bos_id: int, max_len
 def decoder_only_generate(model: DecoderOnly, params, prompt_BxP, num_new_tokens: int) -> chex.Array:
   """Decoder-only greedy continuation of a prompt: B x (P + num_new_tokens)."""
   return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxP, num_new_tokens)
+
+
+def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: int, max_length: int,
+                beam_size: int, length_penalty: float = 0.6, source_valid_BxLs=None) -> chex.Array:
+  """Encoder-decoder beam search: B x max_length tokens after BOS (the best hypothesis, EOS and
+  then zeros once it has ended).
+
+  Each step extends every live hypothesis by every token and keeps the beam_size best by summed
+  log-probability; an ended hypothesis only extends by padding (id 0) at no cost. The final choice
+  divides each score by the length penalty of Wu et al. 2016, ((5 + |y|) / 6) ** length_penalty.
+  The decoder is rerun on the whole prefix at each step (no cache): simple, and cheap at verse length.
+  """
+  batch = source_BxLs.shape[0]
+  memory = model.apply(params, source_BxLs, source_valid_BxLs=source_valid_BxLs, method='encode')
+  repeat = lambda x: None if x is None else jnp.repeat(x, beam_size, axis=0)
+  memory_NxLsxD, valid_NxLs = repeat(memory), repeat(source_valid_BxLs)
+  tokens_BxKxT = jnp.zeros((batch, beam_size, max_length + 1), source_BxLs.dtype).at[:, :, 0].set(bos_id)
+  scores_BxK = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)
+  ended_BxK = jnp.zeros((batch, beam_size), bool)
+  lengths_BxK = jnp.zeros((batch, beam_size), jnp.int32)
+
+  def step(t, state):
+    tokens, scores, ended, lengths = state
+    logits = model.apply(params, memory_NxLsxD, tokens.reshape(batch * beam_size, -1), source_valid_BxLs=valid_NxLs,
+                         method='decode')[:, t - 1]
+    log_probabilities = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, beam_size, -1)
+    vocab = log_probabilities.shape[-1]
+    padding_only = jnp.full((vocab,), -jnp.inf).at[0].set(0.0)
+    log_probabilities = jnp.where(ended[..., None], padding_only, log_probabilities)
+    candidates = (scores[..., None] + log_probabilities).reshape(batch, beam_size * vocab)
+    scores, flat = jax.lax.top_k(candidates, beam_size)
+    parent, token = flat // vocab, (flat % vocab).astype(tokens.dtype)
+    gather = lambda x: jnp.take_along_axis(x, parent.reshape(parent.shape + (1,) * (x.ndim - 2)), axis=1)
+    tokens = gather(tokens).at[:, :, t].set(token)
+    was_ended = gather(ended)
+    lengths = jnp.where(was_ended, gather(lengths), t)
+    return tokens, scores, was_ended | (token == eos_id), lengths
+
+  tokens, scores, _, lengths = jax.lax.fori_loop(1, max_length + 1, step, (tokens_BxKxT, scores_BxK, ended_BxK,
+                                                                          lengths_BxK))
+  normalised = scores / ((5.0 + lengths) / 6.0) ** length_penalty
+  best = jnp.argmax(normalised, axis=1)
+  return jnp.take_along_axis(tokens, best[:, None, None], axis=1)[:, 0, 1:]

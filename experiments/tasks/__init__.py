@@ -6,6 +6,7 @@ from experiments.tasks.classify import Classify
 from experiments.tasks.forecast import Forecast
 from experiments.tasks.shakespeare import Shakespeare
 from experiments.tasks.tracing import Tracing
+from experiments.tasks.translation import Translation
 
 TASKS: dict[str, type[Task]] = dict(ALGORITHMIC_TASKS, shakespeare=Shakespeare, forecast=Forecast,
-                                    classify=Classify, tracing=Tracing)
+                                    classify=Classify, tracing=Tracing, translation=Translation)
