@@ -34,6 +34,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = True   # output projection = input embedding transposed
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
   config.model.bidirectional = True    # recurrent encoders read both directions
+  config.model.remat = False           # recompute layer activations in the backward pass: less memory, more time
   config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls') or the mean ('mean')
 
   config.model.position = ml_collections.ConfigDict()

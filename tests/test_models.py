@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import transformer as T
+from transformer import attention
 from tests.helpers import assert_causal, init, tiny, tokens
 
 L = 6
@@ -182,3 +183,47 @@ def test_encoder_decoder_greedy_decode_matches_a_naive_loop():
   for _ in range(4):
     target = jnp.concatenate([target, jnp.argmax(model.apply(params, source, target)[:, -1], -1)[:, None]], 1)
   np.testing.assert_array_equal(decoded, target[:, 1:])
+
+
+@pytest.mark.parametrize('kind', sorted(T.VARIANTS))
+def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch):
+  """Without a caller collecting the weights, attention goes through jax.nn.dot_product_attention
+  (except Shaw, whose values term needs the weights); the outputs must not change."""
+  calls = []
+  original = attention.fused_attention
+  monkeypatch.setattr(attention, 'fused_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
+  shaw = kind == 'shaw'
+  # (model, inputs, attention layers that may fuse): 2 layers per stack; cross-attention without
+  # alignment carries no position hooks, so it fuses even for Shaw.
+  for model, args, fusable in (
+      (T.DecoderOnly(tiny(kind)), (tokens(2, 7),), 0 if shaw else 2),
+      (T.EncoderDecoder(tiny(kind)), (tokens(2, 6), tokens(2, 7, seed=1)), 2 if shaw else 6),
+      (T.EncoderDecoder(tiny(kind, aligned_cross_attention=True)), (tokens(2, 7), tokens(2, 7, seed=1)),
+       0 if shaw else 6),
+      (T.EncoderOnly(tiny(kind)), (tokens(2, 7),), 0 if shaw else 2)):
+    params = init(model, *args)
+    calls.clear()
+    fused = model.apply(params, *args)
+    assert len(calls) == fusable, (kind, type(model).__name__, len(calls))
+    calls.clear()
+    explicit, _ = model.apply(params, *args, mutable=['intermediates'])
+    assert not calls
+    np.testing.assert_allclose(fused, explicit, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['shaw', 't5', 'rope'])
+def test_rematerialised_layers_give_the_same_outputs_and_gradients(kind):
+  source, target = tokens(2, 6), tokens(2, 7, seed=1)
+  plain = T.EncoderDecoder(tiny(kind, dropout_rate=0.1))
+  remat = T.EncoderDecoder(tiny(kind, dropout_rate=0.1, remat=True))
+  params = init(plain, source, target)
+  assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(init(remat, source, target))
+
+  def loss(model, p):
+    logits = model.apply(p, source, target, deterministic=False, rngs={'dropout': jax.random.PRNGKey(3)})
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  np.testing.assert_allclose(loss(plain, params), loss(remat, params), rtol=1e-6)
+  for a, b in zip(jax.tree_util.tree_leaves(jax.grad(lambda p: loss(plain, p))(params)),
+                  jax.tree_util.tree_leaves(jax.grad(lambda p: loss(remat, p))(params))):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)

@@ -5,6 +5,7 @@ from typing import Optional
 
 import chex
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer.layers import Dense, dropout
@@ -43,6 +44,23 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   return (output_BxLqxHxV, weights_BxHxLqxLk) if return_weights else output_BxLqxHxV
 
 
+def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, mask: Optional[chex.Array] = None,
+                    bias: Optional[chex.Array] = None, scale: Optional[float] = None) -> chex.Array:
+  """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K), which
+  never hands back the weights. Masks and biases are broadcast to B x H x Lq x Lk as it requires.
+  A fully masked row gives a uniform average here (zeros in scaled_dot_product_attention); no
+  model in this library produces one for a position whose output is used."""
+  batch, length_q, heads, _ = query.shape
+  shape = (batch, heads, length_q, key.shape[1])
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, shape)
+  if bias is not None:
+    bias = jnp.broadcast_to(bias.astype(query.dtype), shape)
+  output = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale)
+  chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
+  return output
+
+
 def split_heads(x_BxLxD: chex.Array, num_heads: int) -> chex.Array:
   """B x L x (H*K) -> B x L x H x K."""
   batch, length, width = x_BxLxD.shape
@@ -60,6 +78,9 @@ class MultiHeadAttention(nn.Module):
 
   `positions` (the per-layer hooks of a positional variant) enter at fixed points and never by
   name: rotate the projected queries and keys, add a logits term, set the scale, add a values term.
+  Unless something needs the weights themselves (a values term, attention dropout, or a caller
+  collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention`, which XLA
+  may fuse (cuDNN's fused kernel on GPUs, for half-precision inputs).
   Cross-attention passes no hooks unless source and target are aligned step by step. The weights
   are sown as 'intermediates/attention_weights'.
   """
@@ -88,12 +109,17 @@ class MultiHeadAttention(nn.Module):
       bias = positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
 
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
-    attended_BxLqxHxK, weights = scaled_dot_product_attention(
-        query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
-        dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)
-    self.sow('intermediates', 'attention_weights', weights)
-    if positions is not None:
-      value_term = positions.values(weights, q_positions_BxLq, k_positions_BxLk)
+    needs_weights = (rng is not None or self.is_mutable_collection('intermediates')
+                     or (positions is not None and positions.needs_weights()))
+    if not needs_weights:
+      attended_BxLqxHxK = fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
+    else:
+      attended_BxLqxHxK, weights = scaled_dot_product_attention(
+          query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
+          dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)
+      self.sow('intermediates', 'attention_weights', weights)
+      if positions is not None:
+        value_term = positions.values(weights, q_positions_BxLq, k_positions_BxLk)
     if value_term is not None:
       attended_BxLqxHxK = attended_BxLqxHxK + value_term.astype(attended_BxLqxHxK.dtype)
     return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))

@@ -46,8 +46,8 @@ class TransformerLayer(nn.Module):
   has_cls: bool = False
 
   @nn.compact
-  def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared,
-               memory_BxLsxD=None, memory_mask=None, deterministic: bool = True):
+  def __call__(self, x_BxLxD, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
+               deterministic: bool = True):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own."""
     config = self.config
@@ -106,11 +106,13 @@ class TransformerStack(nn.Module):
                            f'target length {length}; valid: aligned sequences of equal length')
         mask = causal_mask(length)
         memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
+    # With remat, a layer's activations are recomputed in the backward pass instead of stored:
+    # memory per layer falls to its inputs, for about one more forward pass of compute.
+    layer_type = nn.remat(TransformerLayer, static_argnums=(7,)) if config.remat else TransformerLayer
     for index in range(self.num_layers):
-      x_BxLxD = TransformerLayer(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
-                                 name=f'layer_{index}')(
-          x_BxLxD, self_mask=self_mask, positions_1xL=positions_1xL, shared=shared,
-          memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, deterministic=deterministic)
+      x_BxLxD = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
+                           name=f'layer_{index}')(
+          x_BxLxD, self_mask, positions_1xL, shared, memory_BxLsxD, memory_mask, deterministic)
     if config.norm == 'pre':
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))

@@ -65,6 +65,7 @@ class ModelConfig:
   num_outputs: int = 2               # encoder-only: classes, or regression targets
   pooling: str = 'cls'               # encoder-only: a learned [CLS] token, or the mean
   input_features: int = 0            # encoder-only: > 0 reads B x L x F floats instead of token ids
+  remat: bool = False                # recompute each layer's activations in the backward pass (saves memory)
   aligned_cross_attention: bool = False  # encoder-decoder with source and target aligned position by
   #                                    position (SAINT): cross-attention is causal and gets the variant's hooks
 

@@ -14,6 +14,8 @@ variant, and never branches on the variant's name.
                                  a term added to the scaled logits QK^T*scale  ALiBi, T5, TUPE, Shaw
     values(weights, q_pos, k_pos)
                                  a term added to the attention output         Shaw
+    needs_weights()              values() reads the attention weights, so     Shaw
+                                 attention must materialise them
     scale(head_dim)              the logit scale                              TUPE: 1/sqrt(2d)
 
 Positions are integer arrays of shape B x L (B may be 1, broadcast over the batch). Cross-attention
@@ -81,6 +83,10 @@ class LayerPositions(nn.Module):
   def scale(self) -> Optional[float]:
     """The logit scale; None means the default 1/sqrt(head_dim)."""
     return None
+
+  def needs_weights(self) -> bool:
+    """True when values() reads the attention weights (which a fused attention never forms)."""
+    return False
 
 
 def module_fields(module: nn.Module) -> dict:

@@ -53,6 +53,9 @@ class CompositeLayer(LayerPositions):
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
     return _sum(c.values(weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk) for c in self.components)
 
+  def needs_weights(self):
+    return any(c.needs_weights() for c in self.components)
+
   def scale(self):
     scales = {s for s in (c.scale() for c in self.components) if s is not None}
     if len(scales) > 1:

@@ -63,6 +63,9 @@ class Shaw(LayerPositions):
     buckets = shaw_buckets(q_positions_BxLq, k_positions_BxLk, self.config.clip_distance)
     return scale * shaw_logits(query_BxLqxHxK, self._per_head(self.key_table), buckets)
 
+  def needs_weights(self):
+    return True
+
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
     buckets = shaw_buckets(q_positions_BxLq, k_positions_BxLk, self.config.clip_distance)
     return shaw_values(weights_BxHxLqxLk, self._per_head(self.value_table), buckets)
