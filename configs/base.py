@@ -35,6 +35,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
   config.model.bidirectional = True    # recurrent encoders read both directions
   config.model.remat = False           # recompute layer activations in the backward pass: less memory, more time
+  config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
   config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls') or the mean ('mean')
 
   config.model.position = ml_collections.ConfigDict()

@@ -1,7 +1,7 @@
 """Training-step speed and memory of every positional variant, against the machine's own matmul peak.
 
   python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
-                                  [--steps=10] [--json=benchmark.json]
+                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--json=benchmark.json]
 
 Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
 4 heads, d_ff 1024. Each (variant, length) runs in its own subprocess, so compile caches and peak
@@ -30,6 +30,9 @@ _LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.')
 _HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
 _FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.')
 _VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.')
+_DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
+                           'Activations and matmuls (parameters stay float32); MFU is against the peak of this dtype.')
+_REMAT = flags.DEFINE_boolean('remat', False, 'Recompute layer activations in the backward pass.')
 _JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file.')
 _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "variant:length", and print its JSON.')
 
@@ -40,11 +43,11 @@ def model_flops_per_step(params: int, layers: int, model_dim: int, length: int, 
   return batch * length * (6 * params + 12 * layers * model_dim * length)
 
 
-def matmul_peak(size: int = 2048, repeats: int = 10) -> float:
-  """FLOP/s of a jit-compiled float32 matmul on the default device: the yardstick for MFU."""
+def matmul_peak(size: int = 2048, repeats: int = 10, dtype: str = 'float32') -> float:
+  """FLOP/s of a jit-compiled matmul of this dtype on the default device: the yardstick for MFU."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32).astype(dtype)
   matmul = jax.jit(lambda x, y: x @ y)
   matmul(a, a).block_until_ready()
   times = []
@@ -62,7 +65,8 @@ def run_row(variant: str, length: int) -> dict:
   config = transformer.ModelConfig(
       vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value,
       feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
-      norm='pre', position=transformer.PositionConfig(kind=variant, max_length=max(length, 512)))
+      norm='pre', position=transformer.PositionConfig(kind=variant, max_length=max(length, 512)),
+      compute_dtype=_DTYPE.value, remat=_REMAT.value)
   model = transformer.DecoderOnly(config)
   batch = _BATCH.value
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, length + 1), 0, _VOCAB.value)
@@ -118,7 +122,7 @@ def main(argv):
   if unknown:
     sys.exit(f'error: --positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}')
   lengths = [int(n) for n in _LENGTHS.value.split(',')]
-  peak = matmul_peak()
+  peak = matmul_peak(dtype=_DTYPE.value)
   passthrough = [a for a in sys.argv[1:] if not a.startswith(('--positions', '--lengths', '--json'))]
   rows = []
   for length in lengths:
@@ -133,7 +137,8 @@ def main(argv):
       rows.append(row)
   header = (f'{"variant":<11} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
             f'{"MFU":>6} {"vs none":>7} {"peak MiB":>9}')
-  print(f'matmul peak (float32, measured now): {peak / 1e9:.1f} GFLOP/s')
+  print(f'matmul peak ({_DTYPE.value}, measured now): {peak / 1e9:.1f} GFLOP/s'
+        f'{"; layers rematerialised" if _REMAT.value else ""}')
   print(header)
   baseline = {r['length']: r['step_seconds_median'] for r in rows if r.get('variant') == 'none' and 'error' not in r}
   for row in rows:
@@ -147,7 +152,8 @@ def main(argv):
           f'{100 * row["model_flops_utilisation"]:>5.1f}% {ratio:>6.2f}x {row["peak_memory_bytes"] / 2**20:>9.0f}')
   if _JSON.value:
     from experiments.files import write_json_atomically  # pylint: disable=g-import-not-at-top
-    write_json_atomically(_JSON.value, dict(matmul_peak_flops=peak, rows=rows))
+    write_json_atomically(_JSON.value, dict(matmul_peak_flops=peak, compute_dtype=_DTYPE.value, remat=_REMAT.value,
+                                            rows=rows))
 
 
 if __name__ == '__main__':

@@ -1,4 +1,5 @@
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -227,3 +228,36 @@ def test_rematerialised_layers_give_the_same_outputs_and_gradients(kind):
   for a, b in zip(jax.tree_util.tree_leaves(jax.grad(lambda p: loss(plain, p))(params)),
                   jax.tree_util.tree_leaves(jax.grad(lambda p: loss(remat, p))(params))):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kind', sorted(T.VARIANTS))
+def test_bfloat16_compute_keeps_float32_parameters_and_close_outputs(kind):
+  """Activations in bfloat16, parameters and logits in float32; outputs within bfloat16's
+  precision (8 bits of mantissa) of the float32 model with the same parameters."""
+  source, target = tokens(2, 6), tokens(2, 7, seed=1)
+  full = T.EncoderDecoder(tiny(kind))
+  half = T.EncoderDecoder(tiny(kind, compute_dtype='bfloat16'))
+  params = init(half, source, target)
+  assert all(leaf.dtype == jnp.float32 for leaf in jax.tree_util.tree_leaves(params))
+  hidden = {}
+
+  def record(next_fun, args, kwargs, context):
+    output = next_fun(*args, **kwargs)
+    if isinstance(context.module, T.TransformerStack):
+      hidden[context.module.name] = output.dtype
+    return output
+
+  with nn.intercept_methods(record):
+    low = half.apply(params, source, target)
+  assert hidden == {'encoder': jnp.bfloat16, 'decoder': jnp.bfloat16}
+  assert low.dtype == jnp.float32
+  high = full.apply(params, source, target)
+  scale = float(jnp.abs(high).max())
+  np.testing.assert_allclose(low, high, atol=0.05 * scale)
+  grads = jax.grad(lambda p: jnp.mean(half.apply(p, source, target)))(params)
+  assert all(bool(jnp.all(jnp.isfinite(g))) and g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(grads))
+
+
+def test_unknown_compute_dtype_names_the_field():
+  with pytest.raises(ValueError, match="compute_dtype: got 'float16'; valid: float32, bfloat16"):
+    tiny('rope', compute_dtype='float16')

@@ -93,7 +93,7 @@ class TransformerStack(nn.Module):
     positions_1xL = jnp.arange(length, dtype=jnp.int32)[None]
     hooks = VARIANTS[config.position.kind].stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
-    x_BxLxD = hooks.embed(x_BxLxD, positions_1xL)
+    x_BxLxD = hooks.embed(x_BxLxD, positions_1xL).astype(config.dtype)  # a float32 table would promote
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     shared = hooks.shared(positions_1xL, positions_1xL)
     self_mask = self_attention_mask(valid_BxL, length, self.causal)

@@ -3,11 +3,14 @@
 import dataclasses
 from typing import Optional
 
+import jax.numpy as jnp
+
 ARCHITECTURES = ('transformer', 'lstm', 'rnn')
 NORMS = ('post', 'pre')
 POOLINGS = ('cls', 'mean')
 ACTIVATION_NAMES = ('relu', 'gelu')
 ABSOLUTE_TABLES = ('sinusoidal', 'learned')
+COMPUTE_DTYPES = ('float32', 'bfloat16')
 
 
 def _require(condition: bool, field: str, value, valid: str) -> None:
@@ -66,6 +69,7 @@ class ModelConfig:
   pooling: str = 'cls'               # encoder-only: a learned [CLS] token, or the mean
   input_features: int = 0            # encoder-only: > 0 reads B x L x F floats instead of token ids
   remat: bool = False                # recompute each layer's activations in the backward pass (saves memory)
+  compute_dtype: str = 'float32'     # activations and matmuls; parameters, softmax, norms and logits stay float32
   aligned_cross_attention: bool = False  # encoder-decoder with source and target aligned position by
   #                                    position (SAINT): cross-attention is causal and gets the variant's hooks
 
@@ -81,10 +85,15 @@ class ModelConfig:
     _require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))
     _require(self.norm in NORMS, 'norm', self.norm, ', '.join(NORMS))
     _require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
+    _require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))
     _require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
     if self.position.kind == 'rope':
       _require(self.head_dim % 2 == 0, 'model_dim', self.model_dim,
                'model_dim / num_heads even, since rope rotates pairs of dimensions')
+
+  @property
+  def dtype(self):
+    return jnp.dtype(self.compute_dtype)
 
   @property
   def head_dim(self) -> int:

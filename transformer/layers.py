@@ -77,7 +77,7 @@ def feed_forward(x_NxD: chex.Array, w1_DxF, b1_F, w2_FxD, b2_D, activation: str 
 
 
 class Dense(nn.Module):
-  """Owns W (in x out) and b, and calls `linear`."""
+  """Owns W (in x out) and b (float32), and calls `linear` in the input's dtype."""
   features: int
   use_bias: bool = True
   kernel_init: Callable = nn.initializers.xavier_uniform()
@@ -86,7 +86,7 @@ class Dense(nn.Module):
   def __call__(self, x: chex.Array) -> chex.Array:
     weight = self.param('kernel', self.kernel_init, (x.shape[-1], self.features))
     bias = self.param('bias', nn.initializers.zeros, (self.features,)) if self.use_bias else None
-    return linear(x, weight, bias)
+    return linear(x, weight.astype(x.dtype), None if bias is None else bias.astype(x.dtype))
 
 
 class Embed(nn.Module):
@@ -102,7 +102,7 @@ class Embed(nn.Module):
     return embedding_lookup(self.embedding, ids)
 
   def attend(self, x_NxD: chex.Array) -> chex.Array:
-    return linear(x_NxD, self.embedding.T)
+    return linear(x_NxD, self.embedding.T.astype(x_NxD.dtype))
 
 
 class LayerNorm(nn.Module):
@@ -141,4 +141,5 @@ class FeedForward(nn.Module):
     w2 = self.param('output_kernel', init, (self.hidden_features, width))
     b2 = self.param('output_bias', nn.initializers.zeros, (width,))
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
+    w1, b1, w2, b2 = (p.astype(x.dtype) for p in (w1, b1, w2, b2))
     return feed_forward(x, w1, b1, w2, b2, self.activation, self.dropout_rate, rng, deterministic)

@@ -30,10 +30,12 @@ class TokenEmbedding(nn.Module):
       self.output = Dense(self.config.vocab_size, name='output')
 
   def __call__(self, tokens_BxL):
-    x = self.embed(tokens_BxL)
+    x = self.embed(tokens_BxL).astype(self.config.dtype)
     return x * math.sqrt(self.config.model_dim) if self.config.scale_embeddings else x
 
   def logits(self, x_BxLxD):
+    """In float32 whatever the compute dtype: the softmax over a large vocabulary needs it."""
+    x_BxLxD = x_BxLxD.astype(jnp.float32)
     return self.embed.attend(x_BxLxD) if self.config.tie_embeddings else self.output(x_BxLxD)
 
 
@@ -94,7 +96,7 @@ class InputEmbedding(nn.Module):
       if inputs.ndim != 3 or inputs.shape[-1] != features:
         raise ValueError(f'inputs: expected features of shape [batch, length, {features}] '
                          f'(input_features={features}), got shape {inputs.shape}')
-      return Dense(self.config.model_dim, name='input_projection')(inputs.astype(jnp.float32))
+      return Dense(self.config.model_dim, name='input_projection')(inputs.astype(self.config.dtype))
     check_token_input(inputs, 'inputs')
     return TokenEmbedding(self.config, name='token_embedding')(inputs)
 
@@ -129,7 +131,7 @@ class EncoderOnly(nn.Module):
         valid_BxL = jnp.concatenate([jnp.ones_like(valid_BxL[:, :1]), valid_BxL], axis=1)
     hidden = TransformerStack(config, config.num_encoder_layers, causal=False, has_cls=uses_cls,
                               name='encoder')(x_BxLxD, valid_BxL=valid_BxL, deterministic=deterministic)
-    outputs = Dense(config.num_outputs, name='head')(pool(hidden, valid_BxL, config.pooling))
+    outputs = Dense(config.num_outputs, name='head')(pool(hidden, valid_BxL, config.pooling).astype(jnp.float32))
     chex.assert_shape(outputs, (x_BxLxD.shape[0], config.num_outputs))
     return outputs
 
