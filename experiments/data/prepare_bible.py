@@ -53,8 +53,9 @@ def deb_members(path: str) -> dict:
 
 
 def extract(deb: str, directory: str) -> None:
-  archive = [name for name in deb_members(deb) if name.startswith('data.tar')]
-  with tarfile.open(fileobj=io.BytesIO(deb_members(deb)[archive[0]])) as tar:
+  members = deb_members(deb)
+  archive = [name for name in members if name.startswith('data.tar')]
+  with tarfile.open(fileobj=io.BytesIO(members[archive[0]])) as tar:
     tar.extractall(directory, filter='data')
 
 
@@ -88,7 +89,8 @@ def split_of(book: str) -> str:
   return next((split for split, books in SPLITS.items() if book in books), 'train')
 
 
-def train_vocabulary(texts: list[str], directory: str) -> list[str]:
+def train_vocabulary(texts: list[str], directory: str) -> tuple:
+  """(the trained sentencepiece processor, its pieces by id)."""
   import sentencepiece  # pylint: disable=g-import-not-at-top
   corpus = os.path.join(directory, 'corpus.txt')
   with open(corpus, 'w', encoding='utf-8') as file:

@@ -60,13 +60,15 @@ class Translation(Task):
 
   @functools.cached_property
   def _verses(self) -> dict:
-    """split -> (spanish id arrays, english id arrays, source lengths), alignment slips removed."""
+    """split -> (spanish id arrays, english id arrays, source lengths, target lengths), alignment
+    slips removed."""
     verses, _ = bible.load()
     kept = {}
     for split, rows in verses.items():
       pairs = [(to_task_ids(es), to_task_ids(en)) for _, _, _, es, en in rows
                if len(en) <= longest_target(len(es))]
-      kept[split] = ([es for es, _ in pairs], [en for _, en in pairs], np.asarray([len(es) for es, _ in pairs]))
+      kept[split] = ([es for es, _ in pairs], [en for _, en in pairs], np.asarray([len(es) for es, _ in pairs]),
+                     np.asarray([len(en) for _, en in pairs]))
     return kept
 
   def bucket(self, split: str, length: int) -> np.ndarray:
@@ -79,7 +81,7 @@ class Translation(Task):
 
   def verse(self, split: str, index: int) -> tuple[np.ndarray, np.ndarray]:
     """(Spanish ids, English ids) of one verse."""
-    spanish, english, _ = self._verses[split]
+    spanish, english = self._verses[split][:2]
     return spanish[index], english[index]
 
   def sequence_length(self, length: int) -> int:
@@ -91,6 +93,11 @@ class Translation(Task):
       return self.bucket(split, length)
     source_lengths = self._verses[split][2]
     return np.flatnonzero((source_lengths >= self.settings.min_length) & (source_lengths <= self.settings.max_length))
+
+  @functools.lru_cache(maxsize=None)
+  def _target_width(self, split: str, length: int | None) -> int:
+    """1 + the longest target among the verses a batch draws from: fixed per bucket, so one compilation."""
+    return 1 + int(self._verses[split][3][self.members(split, length)].max(initial=0))
 
   def rows(self, seed, step, split, batch_size, length=None):
     """(verse indices, row weights) of a batch."""
@@ -105,12 +112,10 @@ class Translation(Task):
 
   def batch(self, seed, step, split, batch_size, length=None):
     indices, weights = self.rows(seed, step, split, batch_size, length)
-    spanish, english, _ = self._verses[split]
+    spanish, english = self._verses[split][:2]
     width = length or self.settings.max_length
-    # Targets as wide as the longest of the verses drawn from (fixed per bucket, so one compilation).
-    target_width = 1 + max([len(english[i]) for i in self.members(split, length)], default=0)
     source = np.full((batch_size, width + 1), PAD, np.int32)
-    inputs = np.full((batch_size, target_width), PAD, np.int32)
+    inputs = np.full((batch_size, self._target_width(split, length)), PAD, np.int32)
     targets = np.full_like(inputs, PAD)
     for row, index in enumerate(indices):
       x, y = spanish[index], english[index]
