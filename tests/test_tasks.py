@@ -130,10 +130,13 @@ def test_shakespeare_held_out_windows_come_from_held_out_works_only():
   held_out, _ = shakespeare_data.load('heldout')
   train_bytes = train_text.tobytes()
   batch = task.batch(0, 0, 'eval', 6, length=64)
-  for window in batch['inputs']:
+  assert task.bos == len(vocabulary) and np.all(batch['inputs'][:, 0] == task.bos)
+  assert np.all(batch['weights'][:, 0] == 0)
+  assert np.all(batch['weights'][:, 1:] == 1)
+  for window in batch['targets']:
     assert window.astype(np.uint8).tobytes() in held_out.tobytes()
     assert window.astype(np.uint8).tobytes() not in train_bytes
-  assert len(vocabulary) == task.vocab_size and 'A' in vocabulary and '\n' in vocabulary
+  assert len(vocabulary) + 1 == task.vocab_size and 'A' in vocabulary and '\n' in vocabulary
   assert 4_000_000 < len(train_text) and 400_000 < len(held_out) < 600_000
 
 
@@ -142,7 +145,7 @@ def test_shakespeare_baselines_match_a_direct_count():
   train, vocabulary = shakespeare_data.load('train')
   batch = task.batch(0, 0, 'eval', 2, length=16)
   unigram = np.bincount(train, minlength=len(vocabulary)) + 1.0
-  expected = -sum(math.log2(unigram[t] / unigram.sum()) for t in batch['targets'].reshape(-1))
+  expected = -sum(math.log2(unigram[t] / unigram.sum()) for t in batch['targets'][:, 1:].reshape(-1))
   assert task.host_metrics(batch)['unigram_bits_sum'] == pytest.approx(expected, rel=1e-9)
   previous, following = train[:-1].astype(int), train[1:].astype(int)
   p, n = int(batch['inputs'][0, 5]), int(batch['targets'][0, 5])

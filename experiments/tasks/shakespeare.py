@@ -2,9 +2,13 @@
 
 Training windows of task.max_length characters are drawn from 38 works; evaluation windows of
 each task.eval_lengths come from four held-out plays (Hamlet, Macbeth, The Tempest, Twelfth
-Night). The metric is bits per character over every position of a window. On the same windows
-the task also scores a unigram and a bigram character model fitted to the training works
-(add-one smoothing), the baselines a Transformer must beat.
+Night). Every window starts with a beginning-of-sequence token, BOS (one id past the characters),
+as language models' documents do: a fixed first token lets a model without position encodings
+(NoPE) count how far it is from the start. The inputs are BOS c_1 .. c_{L-1} and the targets
+c_1 .. c_L; the first target, which has no character before it, is not scored, so the metric is
+bits per character over the L - 1 characters that follow another. On the same positions the task
+also scores a unigram and a bigram character model fitted to the training works (add-one
+smoothing), the baselines a Transformer must beat.
 """
 
 import functools
@@ -35,6 +39,10 @@ class Shakespeare(Task):
 
   @property
   def vocab_size(self) -> int:
+    return data.vocabulary_size() + 1  # the characters, then BOS
+
+  @property
+  def bos(self) -> int:
     return data.vocabulary_size()
 
   def validate(self):
@@ -53,9 +61,11 @@ class Shakespeare(Task):
     length = length or self.settings.max_length
     rng = batch_rng(seed, split, step, length)
     starts = rng.integers(0, len(text) - length - 1, size=batch_size)
-    windows = np.stack([text[s:s + length + 1] for s in starts]).astype(np.int32)
-    ones = np.ones((batch_size, length), np.float32)
-    return dict(inputs=windows[:, :-1], targets=windows[:, 1:], weights=ones, valid=ones.astype(bool))
+    windows = np.stack([text[s:s + length] for s in starts]).astype(np.int32)
+    inputs = np.concatenate([np.full((batch_size, 1), self.bos, np.int32), windows[:, :-1]], axis=1)
+    weights = np.ones((batch_size, length), np.float32)
+    weights[:, 0] = 0.0  # the first character has no previous one: the bigram cannot score it
+    return dict(inputs=inputs, targets=windows, weights=weights, valid=np.ones((batch_size, length), bool))
 
   def model_inputs(self, batch):
     return (batch['inputs'],), dict(valid_BxL=batch['valid'])
@@ -63,8 +73,9 @@ class Shakespeare(Task):
   def host_metrics(self, batch):
     unigram, bigram = _baselines()
     targets, weights = batch['targets'], batch['weights']
+    previous = np.minimum(batch['inputs'], len(unigram) - 1)  # BOS (weight 0) mapped to any row
     return dict(unigram_bits_sum=float(-(unigram[targets] * weights).sum()),
-                bigram_bits_sum=float(-(bigram[batch['inputs'], targets] * weights).sum()))  # inputs[t] precedes targets[t]
+                bigram_bits_sum=float(-(bigram[previous, targets] * weights).sum()))  # inputs[t] precedes targets[t]
 
   def summarize(self, sums):
     summary = summarize(sums)
