@@ -23,11 +23,11 @@ def get_config():
   config.model.feed_forward_dim = 512
   config.model.num_decoder_layers = 2
   config.model.position.max_length = 1024
-  config.train.steps = 800
+  config.train.steps = 1200
   config.train.batch_size = 32
   config.train.learning_rate = 3e-3
   config.train.warmup_steps = 200
   config.train.log_every = 100
-  config.train.eval_every = 400
-  config.train.checkpoint_every = 400
+  config.train.eval_every = 600
+  config.train.checkpoint_every = 600
   return config

@@ -75,7 +75,7 @@ def main(argv):
     if unknown:
       print(f'error: --text: characters {unknown} are not in the vocabulary', file=sys.stderr)
       sys.exit(2)
-    ids = np.asarray([[vocabulary.index(c) for c in _TEXT.value]], np.int32)
+    ids = np.asarray([[task.bos] + [vocabulary.index(c) for c in _TEXT.value]], np.int32)  # as in training
     batch = dict(inputs=ids, valid=np.ones_like(ids, bool))
   else:
     batch = task.batch(0, 0, 'test', 1, length=_LENGTH.value or task.settings.max_length)
