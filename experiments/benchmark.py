@@ -1,7 +1,8 @@
 """Training-step speed and memory of every positional variant, against the machine's own matmul peak.
 
   python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
-                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--json=benchmark.json]
+                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--attention_block_size=128]
+                                  [--attention_key_block_size=512] [--json=benchmark.json]
 
 Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
 4 heads, d_ff 1024. Each (variant, length) runs in its own subprocess, so compile caches and peak
@@ -33,6 +34,10 @@ _VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.')
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
                            'Activations and matmuls (parameters stay float32); MFU is against the peak of this dtype.')
 _REMAT = flags.DEFINE_boolean('remat', False, 'Recompute layer activations in the backward pass.')
+_BLOCK = flags.DEFINE_integer('attention_block_size', 0,
+                              'Attention this many queries at a time beyond it (0: one L x L softmax).')
+_KEY_BLOCK = flags.DEFINE_integer('attention_key_block_size', 0,
+                                  'With blocks: keys per online-softmax block (0: all keys a block may see).')
 _JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file.')
 _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "variant:length", and print its JSON.')
 
@@ -66,7 +71,8 @@ def run_row(variant: str, length: int) -> dict:
       vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value,
       feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
       norm='pre', position=transformer.PositionConfig(kind=variant, max_length=max(length, 512)),
-      compute_dtype=_DTYPE.value, remat=_REMAT.value)
+      compute_dtype=_DTYPE.value, remat=_REMAT.value, attention_block_size=_BLOCK.value,
+      attention_key_block_size=_KEY_BLOCK.value)
   model = transformer.DecoderOnly(config)
   batch = _BATCH.value
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, length + 1), 0, _VOCAB.value)
@@ -138,7 +144,9 @@ def main(argv):
   header = (f'{"variant":<11} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
             f'{"MFU":>6} {"vs none":>7} {"peak MiB":>9}')
   print(f'matmul peak ({_DTYPE.value}, measured now): {peak / 1e9:.1f} GFLOP/s'
-        f'{"; layers rematerialised" if _REMAT.value else ""}')
+        f'{"; layers rematerialised" if _REMAT.value else ""}'
+        f'{f"; attention in blocks of {_BLOCK.value} queries" if _BLOCK.value else ""}'
+        f'{f" and {_KEY_BLOCK.value} keys" if _BLOCK.value and _KEY_BLOCK.value else ""}')
   print(header)
   baseline = {r['length']: r['step_seconds_median'] for r in rows if r.get('variant') == 'none' and 'error' not in r}
   for row in rows:
@@ -153,7 +161,8 @@ def main(argv):
   if _JSON.value:
     from experiments.files import write_json_atomically  # pylint: disable=g-import-not-at-top
     write_json_atomically(_JSON.value, dict(matmul_peak_flops=peak, compute_dtype=_DTYPE.value, remat=_REMAT.value,
-                                            rows=rows))
+                                            attention_block_size=_BLOCK.value,
+                                            attention_key_block_size=_KEY_BLOCK.value, rows=rows))
 
 
 if __name__ == '__main__':

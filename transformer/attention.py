@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.blockwise import blockwise_attention, slice_shared
 from transformer.layers import Dense, dropout
 from transformer.positions.base import LayerPositions, Shared
 from transformer.softmax import softmax
@@ -81,17 +82,23 @@ class MultiHeadAttention(nn.Module):
   Unless something needs the weights themselves (a values term, attention dropout, or a caller
   collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention`, which XLA
   may fuse (cuDNN's fused kernel on GPUs, for half-precision inputs).
+  With block_size > 0, sequences longer than a block run through blockwise_attention instead:
+  block_size queries at a time, position terms per block, the keys after a causal block skipped,
+  and (with key_block_size) an online softmax over blocks of keys; Shaw included.
   Cross-attention passes no hooks unless source and target are aligned step by step. The weights
   are sown as 'intermediates/attention_weights'.
   """
   num_heads: int
   dropout_rate: float = 0.0
+  block_size: int = 0
+  key_block_size: int = 0
 
   @nn.compact
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
                mask: Optional[chex.Array] = None, positions: Optional[LayerPositions] = None,
                q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
-               shared: Shared = None, deterministic: bool = True) -> chex.Array:
+               shared: Shared = None, causal: bool = False, deterministic: bool = True) -> chex.Array:
+    """causal: the mask is causal and queries and keys share positions (lets blocks be skipped)."""
     chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
     width = inputs_q_BxLqxD.shape[-1]
     if width % self.num_heads:
@@ -106,11 +113,17 @@ class MultiHeadAttention(nn.Module):
       scale = positions.scale()
       if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-      bias = positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
 
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
-    needs_weights = (rng is not None or self.is_mutable_collection('intermediates')
-                     or (positions is not None and positions.needs_weights()))
+    caller_needs_weights = rng is not None or self.is_mutable_collection('intermediates')
+    if (self.block_size and not caller_needs_weights
+        and max(query.shape[1], key.shape[1]) > self.block_size):
+      attended_BxLqxHxK = self._blockwise(query, key, value, mask, positions, q_positions_BxLq,
+                                          k_positions_BxLk, shared, scale, causal)
+      return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
+    if positions is not None:
+      bias = positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
+    needs_weights = caller_needs_weights or (positions is not None and positions.needs_weights())
     if not needs_weights:
       attended_BxLqxHxK = fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
     else:
@@ -123,3 +136,17 @@ class MultiHeadAttention(nn.Module):
     if value_term is not None:
       attended_BxLqxHxK = attended_BxLqxHxK + value_term.astype(attended_BxLqxHxK.dtype)
     return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
+
+  def _blockwise(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared,
+                 scale, causal):
+    logits_term = values_term = None
+    if positions is not None:
+      def logits_term(query_block, q_slice, k_slice):
+        return positions.logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice],
+                                slice_shared(shared, q_slice, k_slice), scale)
+
+      def values_term(weights_block, q_slice, k_slice):
+        return positions.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
+    return blockwise_attention(query, key, value, block_size=self.block_size, mask=mask, scale=scale,
+                               skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
+                               key_block_size=self.key_block_size or None)

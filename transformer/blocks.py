@@ -53,13 +53,15 @@ class TransformerLayer(nn.Module):
     config = self.config
     hooks = VARIANTS[config.position.kind].layer(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
-    self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, name='self_attention')
+    self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
+                                        config.attention_key_block_size, name='self_attention')
     x_BxLxD = _Residual(config, name='self_attention_residual')(
         x_BxLxD, lambda y: self_attention(y, y, mask=self_mask, positions=hooks, q_positions_BxLq=positions_1xL,
                                           k_positions_BxLk=positions_1xL, shared=shared,
-                                          deterministic=deterministic), deterministic)
+                                          causal=self.causal, deterministic=deterministic), deterministic)
     if self.cross_attention:
-      cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, name='cross_attention')
+      cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
+                                 config.attention_key_block_size, name='cross_attention')
       cross_hooks = VARIANTS[config.position.kind].layer(
           **_hook_fields(config, self.num_layers, self.causal, self.has_cls),
           name='cross_position') if config.aligned_cross_attention else None

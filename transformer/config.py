@@ -70,13 +70,17 @@ class ModelConfig:
   input_features: int = 0            # encoder-only: > 0 reads B x L x F floats instead of token ids
   remat: bool = False                # recompute each layer's activations in the backward pass (saves memory)
   compute_dtype: str = 'float32'     # activations and matmuls; parameters, softmax, norms and logits stay float32
+  attention_block_size: int = 0      # > 0: attention over longer sequences runs this many queries at a
+  #                                    time (keys after them skipped in causal layers); 0: one L x L softmax
+  attention_key_block_size: int = 0  # with blocks: keys per block of the online softmax; 0: all keys at once
   aligned_cross_attention: bool = False  # encoder-decoder with source and target aligned position by
   #                                    position (SAINT): cross-attention is causal and gets the variant's hooks
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
       _require(getattr(self, name) > 0, name, getattr(self, name), 'a positive integer')
-    for name in ('num_encoder_layers', 'num_decoder_layers', 'input_features'):
+    for name in ('num_encoder_layers', 'num_decoder_layers', 'input_features', 'attention_block_size',
+                 'attention_key_block_size'):
       _require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
     _require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
              f'a divisor of model_dim={self.model_dim}')

@@ -1,0 +1,114 @@
+"""Blockwise attention (online softmax, per-block position terms, skipped causal blocks) against
+the one-softmax attention: the function itself, then every variant inside every model kind."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import attention
+from transformer.blockwise import blockwise_attention
+from tests.helpers import init, tiny, tokens
+
+
+def qkv(length_q=13, length_k=13, heads=2, width=8, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  query = jax.random.normal(keys[0], (2, length_q, heads, width)) * 2.0  # peaked rows stress the rescaling
+  key = jax.random.normal(keys[1], (2, length_k, heads, width)) * 2.0
+  value = jax.random.normal(keys[2], (2, length_k, heads, width))
+  return query, key, value
+
+
+@pytest.mark.parametrize('block_size,key_block_size', [(1, None), (4, None), (5, 5), (4, 3), (13, 2), (64, None)])
+def test_causal_blocks_equal_one_softmax_with_padding_and_a_bias(block_size, key_block_size):
+  query, key, value = qkv()
+  valid = jnp.arange(13)[None] < jnp.asarray([[13], [9]])
+  mask = T.self_attention_mask(valid, 13, causal=True)
+  bias = jax.random.normal(jax.random.PRNGKey(7), (1, 2, 13, 13))
+  expected = T.scaled_dot_product_attention(query, key, value, mask=mask, bias=bias)
+  got = blockwise_attention(query, key, value, block_size=block_size, mask=mask, skip_future_blocks=True,
+                            logits_term=lambda q, rows, columns: bias[..., rows, columns],
+                            key_block_size=key_block_size)
+  np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_blocks_with_unequal_lengths_equal_one_softmax():
+  query, key, value = qkv(length_q=7, length_k=11)
+  mask = T.cross_attention_mask(jnp.arange(11)[None] < jnp.asarray([[11], [3]]))
+  expected = T.scaled_dot_product_attention(query, key, value, mask=mask, scale=0.3)
+  for key_block_size in (None, 4):
+    got = blockwise_attention(query, key, value, block_size=3, mask=mask, scale=0.3, key_block_size=key_block_size)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('key_block_size', [None, 4])
+def test_future_keys_are_never_computed_and_a_values_term_adds_linearly(key_block_size):
+  """With 4 blocks of 4 queries, a causal sweep computes 4 + 8 + 12 + 16 = 40 query-key columns
+  (10 blocks of 4 x 4 with key blocks of 4), not 64; a values term linear in the weights gives
+  sum_j w_ij u_j, as when added after normalising."""
+  query, key, value = qkv(length_q=16, length_k=16)
+  extra = jax.random.normal(jax.random.PRNGKey(3), (2, 16, 2, 8))  # u_j, one vector per key
+  computed = []
+
+  def logits_term(query_block, rows, columns):
+    computed.append((rows, columns))
+    return None
+
+  def values_term(weights, rows, columns):
+    return jnp.einsum('bhqs,bshv->bqhv', weights, extra[:, columns])
+
+  got = blockwise_attention(query, key, value, block_size=4, mask=T.causal_mask(16), skip_future_blocks=True,
+                            logits_term=logits_term, values_term=values_term, key_block_size=key_block_size)
+  assert sum(columns.stop - columns.start for _, columns in computed) == 40
+  assert all(columns.stop <= rows.stop for rows, columns in computed)
+  assert len(computed) == (10 if key_block_size else 4)
+  expected, weights = T.scaled_dot_product_attention(query, key, value, mask=T.causal_mask(16),
+                                                     return_weights=True)
+  expected = expected + jnp.einsum('bhqs,bshv->bqhv', weights, extra)
+  np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_fully_masked_row_gives_zeros_and_bad_block_sizes_are_named():
+  query, key, value = qkv(length_q=5, length_k=5)
+  mask = jnp.ones((2, 1, 5, 5), bool).at[1, :, 2].set(False)
+  for key_block_size in (None, 2):
+    got = blockwise_attention(query, key, value, block_size=2, mask=mask, key_block_size=key_block_size)
+    np.testing.assert_array_equal(got[1, 2], 0.0)
+  with pytest.raises(ValueError, match='attention_block_size: got 0'):
+    blockwise_attention(query, key, value, block_size=0)
+  with pytest.raises(ValueError, match='attention_key_block_size: got -2'):
+    blockwise_attention(query, key, value, block_size=2, key_block_size=-2)
+  with pytest.raises(ValueError, match='attention_block_size: got -1'):
+    tiny(attention_block_size=-1)
+
+
+@pytest.mark.parametrize('kind', sorted(T.VARIANTS))
+@pytest.mark.parametrize('key_block_size', [0, 2])
+def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, key_block_size, monkeypatch):
+  """Decoder-only (causal, later keys skipped), encoder-only with [CLS] (TUPE's reset spans a block
+  edge) and the aligned encoder-decoder, with blocks of 3 queries over 11 positions (keys all at
+  once, or 2 at a time through the online softmax), against the same parameters without blocks.
+  Every attention layer must take the blockwise path."""
+  calls = []
+  original = attention.blockwise_attention
+  monkeypatch.setattr(attention, 'blockwise_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
+  length = 11
+  for make, args, blockwise_layers in (
+      (lambda **c: T.DecoderOnly(tiny(kind, **c)), (tokens(2, length),), 2),
+      (lambda **c: T.EncoderOnly(tiny(kind, **c)), (tokens(2, length),), 2),
+      (lambda **c: T.EncoderDecoder(tiny(kind, aligned_cross_attention=True, **c)),
+       (tokens(2, length), tokens(2, length, seed=1)), 6)):
+    dense, blocked = make(), make(attention_block_size=3, attention_key_block_size=key_block_size)
+    params = init(dense, *args)
+
+    def loss(model, p):
+      return jnp.sum(jnp.tanh(model.apply(p, *args)))
+
+    calls.clear()
+    blocked_value, blocked_grads = jax.value_and_grad(lambda p: loss(blocked, p))(params)
+    assert len(calls) == blockwise_layers, (kind, type(dense).__name__, len(calls))
+    dense_value, dense_grads = jax.value_and_grad(lambda p: loss(dense, p))(params)
+    np.testing.assert_allclose(blocked_value, dense_value, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)

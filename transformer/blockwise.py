@@ -1,0 +1,133 @@
+"""Attention one block of queries at a time, with an online softmax over blocks of keys
+(Milakov and Gimelshein 2018; Rabe and Staats 2021; the forward pass of Dao et al. 2022,
+FlashAttention), in plain JAX.
+
+For each block b of queries, a running row maximum m, a running sum l and an output accumulator o
+are carried over the blocks c of keys:
+
+  s = Q_b K_c^T * scale + term_bc        m' = max(m, rowmax s)      p = exp(s - m') * mask_bc
+  l = exp(m - m') l + rowsum p           o = exp(m - m') o + p V_c (+ values_term(p))
+  output_b = o / l
+
+Position terms are computed per block: per-layer terms (Shaw, unshared T5) by calling the variant's
+hooks with the block's positions, shared terms (TUPE, ALiBi, shared T5) by slicing the stack's
+shared pytree. In causal self-attention (queries and keys at the same positions) keys after a query
+block's last query are never computed: about half the work at long lengths. Each block's logits and
+weights are recomputed in the backward pass rather than stored.
+
+Key blocks: by default one block, every key a query block may see (its causal prefix), which on a
+CPU is the fastest (few, large matmuls; a compiled program that grows with L / block, not
+(L / block)^2); key_block_size bounds the logits held at once to block x key_block, for lengths
+where even one block row of the L x L logits is too much. The result equals softmax attention up to
+float rounding (tests/test_blockwise.py checks every variant).
+"""
+
+import math
+from typing import Callable, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from transformer.softmax import masked_fill_value
+
+
+def block_slice(term: Optional[chex.Array], q_slice: slice, k_slice: slice) -> Optional[chex.Array]:
+  """term[..., q_slice, k_slice] for a term broadcast to ... x Lq x Lk (size-1 axes stay whole)."""
+  if term is None:
+    return None
+  rows = q_slice if term.shape[-2] > 1 else slice(None)
+  columns = k_slice if term.shape[-1] > 1 else slice(None)
+  return term[..., rows, columns]
+
+
+def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, block_size: int,
+                        mask: Optional[chex.Array] = None, scale: Optional[float] = None,
+                        skip_future_blocks: bool = False,
+                        logits_term: Optional[Callable] = None,
+                        values_term: Optional[Callable] = None,
+                        key_block_size: Optional[int] = None) -> chex.Array:
+  """softmax(Q K^T * scale + term) V (+ the values term), block_size queries at a time, over
+  key_block_size keys at a time (None: all the keys the query block may see, in one block).
+
+  query B x Lq x H x K, key B x Lk x H x K, value B x Lk x H x V (the layout of
+  jax.nn.dot_product_attention); mask (True = attend) broadcasts to B x H x Lq x Lk.
+  logits_term(query_block, q_slice, k_slice) -> a term broadcastable to B x H x bq x bk, or None.
+  values_term(p_BxHxbqxbk, q_slice, k_slice) -> B x bq x H x V, or None; it must be linear in p,
+  since it receives unnormalised, running-max-shifted weights (Shaw's a^V term is).
+  skip_future_blocks: the mask is causal with query i and key i at the same position, so keys
+  after a query block's last query are skipped without being computed.
+  A query row whose keys are all masked gets zeros (as scaled_dot_product_attention gives).
+  """
+  chex.assert_rank([query, key, value], 4)
+  chex.assert_equal_shape_prefix([key, value], 3)
+  for name, size in (('attention_block_size', block_size), ('attention_key_block_size', key_block_size)):
+    if size is not None and size <= 0:
+      raise ValueError(f'{name}: got {size}; valid: a positive number of positions')
+  batch, length_q, heads, head_dim = query.shape
+  length_k = key.shape[1]
+  if skip_future_blocks and length_q != length_k:
+    raise ValueError(f'skip_future_blocks needs queries and keys at the same positions; got lengths '
+                     f'{length_q} and {length_k}')
+  if scale is None:
+    scale = 1.0 / math.sqrt(head_dim)
+  outputs = []
+  for q_start in range(0, length_q, block_size):
+    q_slice = slice(q_start, min(q_start + block_size, length_q))
+    query_block = query[:, q_slice]
+    rows = query_block.shape[1]
+    running_max = jnp.full((batch, heads, rows), masked_fill_value(jnp.float32), jnp.float32)
+    running_sum = jnp.zeros((batch, heads, rows), jnp.float32)
+    accumulator = jnp.zeros((batch, rows, heads, value.shape[-1]), jnp.float32)
+    last_key = q_slice.stop if skip_future_blocks else length_k
+    key_block = key_block_size or last_key
+    for k_start in range(0, last_key, key_block):
+      k_slice = slice(k_start, min(k_start + key_block, last_key, length_k))
+      term = logits_term(query_block, q_slice, k_slice) if logits_term is not None else None
+      allowed = block_slice(mask, q_slice, k_slice)
+      update = _update_with_weights if values_term is not None else _update
+      running_max, running_sum, accumulator, weights = update(
+          query_block, key[:, k_slice], value[:, k_slice], term, allowed, running_max, running_sum,
+          accumulator, scale)
+      if values_term is not None:
+        extra = values_term(weights, q_slice, k_slice)
+        if extra is not None:
+          accumulator = accumulator + extra.astype(jnp.float32)
+    total = jnp.transpose(running_sum, (0, 2, 1))[..., None]
+    outputs.append(accumulator / jnp.where(total == 0.0, 1.0, total))
+  output = jnp.concatenate(outputs, axis=1).astype(value.dtype)
+  chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
+  return output
+
+
+def _online_softmax_update(query_block, key_block, value_block, term, allowed, running_max, running_sum,
+                           accumulator, scale):
+  """One key block folded into a query block's running (max, sum, output); also the block's
+  unnormalised weights, which only a values term needs."""
+  logits = jnp.einsum('bqhk,bshk->bhqs', query_block.astype(jnp.float32), key_block.astype(jnp.float32)) * scale
+  if term is not None:
+    logits = logits + term.astype(jnp.float32)
+  if allowed is not None:
+    allowed = jnp.broadcast_to(allowed, logits.shape)
+    logits = jnp.where(allowed, logits, masked_fill_value(jnp.float32))
+  new_max = jnp.maximum(running_max, jnp.max(logits, axis=-1))
+  weights = jnp.exp(logits - new_max[..., None])
+  if allowed is not None:
+    weights = jnp.where(allowed, weights, 0.0)
+  correction = jnp.exp(running_max - new_max)
+  running_sum = running_sum * correction + jnp.sum(weights, axis=-1)
+  block_output = jnp.einsum('bhqs,bshv->bqhv', weights.astype(value_block.dtype), value_block).astype(jnp.float32)
+  accumulator = accumulator * jnp.transpose(correction, (0, 2, 1))[..., None] + block_output
+  return new_max, running_sum, accumulator, weights
+
+
+# Recomputed in the backward pass rather than stored (as FlashAttention does): the block's logits
+# and weights never stay in memory, only its inputs. With a values term the weights are an output
+# and are kept.
+_update = jax.checkpoint(lambda *args: _online_softmax_update(*args)[:3] + (None,), static_argnums=(8,))
+_update_with_weights = jax.checkpoint(_online_softmax_update, static_argnums=(8,))
+
+
+def slice_shared(shared, q_slice: slice, k_slice: slice):
+  """The stack's shared terms (a pytree of ... x Lq x Lk arrays) for one block."""
+  return jax.tree_util.tree_map(lambda term: block_slice(term, q_slice, k_slice), shared)
