@@ -1,13 +1,15 @@
 """Character-level language model on Shakespeare, held out by work; bits per character at the
-training context (128) and at 2x, 4x and 8x it, the shape of the ALiBi paper's Figure 1.
+training context (128) and at 2x, 4x and 8x it, the shape of the ALiBi paper's Figure 1. Every
+window starts with a BOS token (the first character is not scored).
 
 Command:  python -m experiments.train --config=configs/shakespeare.py --workdir=runs/shakespeare
           (any variant: --config.model.position.kind=alibi)
-CPU time: about 5 minutes on a 2-core machine (800 steps of a 2-layer, 128-wide decoder).
-Expected (measured, seed 0): 2.49-2.88 bits per character on the held-out plays at context 128 for
-          every variant but NoPE (3.39), against 3.61 (bigram) and 4.78 (unigram) on the same windows;
-          at 1024 ALiBi (2.62) and Shaw (2.51) stay flat while absolute and TUPE encodings exceed 4.2.
-"""
+CPU time: 15-26 minutes on a 2-core machine shared with two to four other runs (1,200 steps of a
+          2-layer, 128-wide decoder; Shaw the slowest).
+Expected (measured, seed 0): 2.42-2.68 bits per character on the held-out plays at context 128 for
+          every variant but NoPE (2.96), against 3.61 (bigram) and 4.78 (unigram) on the same
+          positions; at 1024 ALiBi (2.52) and Shaw (2.46) stay flat while the absolute and TUPE
+          encodings exceed 4.5."""
 
 from configs import base
 
