@@ -87,7 +87,7 @@ def test_a_fully_masked_row_gives_zeros_and_bad_block_sizes_are_named():
 
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monkeypatch):
-  """Against the same parameters without blocks, with blocks of 3 queries over 8 positions:
+  """Against the same parameters without blocks, one layer, blocks of 3 queries over 7 positions:
   decoder-only (causal, later keys skipped, keys all at once): outputs and gradients; encoder-only
   with [CLS] (TUPE's reset falls in the first block) and the aligned encoder-decoder, both through
   the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path."""
