@@ -71,6 +71,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
                      f'{length_q} and {length_k}')
   if scale is None:
     scale = 1.0 / math.sqrt(head_dim)
+  update = _update_with_weights if values_term is not None else _update
   outputs = []
   for q_start in range(0, length_q, block_size):
     q_slice = slice(q_start, min(q_start + block_size, length_q))
@@ -85,7 +86,6 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
       k_slice = slice(k_start, min(k_start + key_block, last_key, length_k))
       term = logits_term(query_block, q_slice, k_slice) if logits_term is not None else None
       allowed = block_slice(mask, q_slice, k_slice)
-      update = _update_with_weights if values_term is not None else _update
       running_max, running_sum, accumulator, weights = update(
           query_block, key[:, k_slice], value[:, k_slice], term, allowed, running_max, running_sum,
           accumulator, scale)
