@@ -1,10 +1,13 @@
 """experiments.benchmark: a row per (variant, length), a table and a JSON file."""
 
 import json
+import math
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 from experiments import benchmark
 
@@ -48,3 +51,39 @@ def test_benchmark_runs_bfloat16_with_remat_against_the_bfloat16_peak(tmp_path):
   assert report['compute_dtype'] == 'bfloat16' and report['remat'] is True
   row, = report['rows']
   assert row['variant'] == 'rope' and row['tokens_per_second'] > 0
+
+
+def test_peer_without_pytorch_says_how_to_install_it(tmp_path):
+  shadow = tmp_path / 'torch'  # an import of torch that fails, whether or not PyTorch is installed
+  shadow.mkdir()
+  (shadow / '__init__.py').write_text("raise ImportError('no PyTorch in this test')\n")
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark', '--positions=none', '--lengths=16', '--peer'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=f'{tmp_path}{os.pathsep}{ROOT}', JAX_PLATFORMS='cpu'),
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode != 0
+  assert "--peer needs PyTorch and x-transformers: pip install -e '.[peer]'" in result.stderr
+
+
+def test_peer_table_divides_ours_by_their_fastest_setting(capsys):
+  ours = [dict(variant='rope', length=256, tokens_per_second=6000.0),
+          dict(variant='shaw', length=256, tokens_per_second=5000.0)]
+  theirs = [dict(variant='rope', length=256, implementation='x-transformers', tokens_per_second=4000.0,
+                 model_flops_utilisation=0.5),
+            dict(variant='rope', length=256, implementation='x-transformers attn_flash', tokens_per_second=5000.0,
+                 model_flops_utilisation=0.6)]
+  benchmark.print_peer_table(ours, theirs, peak=1e11)
+  lines = capsys.readouterr().out.splitlines()
+  rope, = [line for line in lines if line.startswith('rope')]
+  assert rope.split() == ['rope', '256', '6000', '4000', '5000', '60.0%', '1.20x']
+  assert not any(line.startswith('shaw') for line in lines)  # no x-transformers counterpart
+
+
+def test_peer_model_starts_at_the_uniform_loss():
+  pytest.importorskip('x_transformers')  # the optional extra; absent in CI
+  from experiments import peer  # pylint: disable=g-import-not-at-top
+  for variant in peer.PEER_VARIANTS:
+    row = peer.run_peer_row(variant, 16, 2, 1, 0, fused=variant not in peer.PEER_UNFUSABLE, vocab_size=64,
+                            model_dim=32, num_layers=1, num_heads=2, feed_forward_dim=64)
+    assert row['variant'] == variant and row['tokens_per_second'] > 0
+    assert abs(row['loss'] - math.log(64)) < 0.5, (variant, row['loss'])  # a fresh LM predicts ~uniformly
