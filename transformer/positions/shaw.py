@@ -5,15 +5,21 @@ a_ij = table[clip(j - i, -k, k)]: 2k + 1 learned vectors for keys and as many fo
 by all heads (the paper) or one set per head.
 
 No B x Lq x Lk x d tensor is built: the logits term computes each query against the 2k + 1 key
-vectors and gathers (B x H x Lq x (2k+1), then B x H x Lq x Lk); the values term sums the
-attention weights falling into each of the 2k + 1 distances, then mixes the value vectors.
+vectors (B x H x Lq x (2k+1)) and spreads them over the keys; the values term sums the attention
+weights falling into each of the 2k + 1 distances, then mixes the value vectors. For consecutive
+positions (always, inside the models) both go through the distance layout of relative.py, where
+the spreading and the summing are small matmuls with a (2k+1) x (Lq+Lk-1) one-hot; otherwise
+through an Lq x Lk gather and scatter-add.
 """
 
 import chex
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, relative_positions
+from transformer.positions.relative import (by_distance_to_by_key, by_key_to_by_distance, contiguous_offset,
+                                            distance_axis)
 
 
 def shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip_distance: int) -> chex.Array:
@@ -46,6 +52,28 @@ def shaw_values(weights_BxHxLqxLk, value_table_RxHxK, buckets_BxLqxLk) -> chex.A
   return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxR, value_table_RxHxK.astype(per_distance_BxHxLqxR.dtype))
 
 
+def distance_one_hot(length_q: int, length_k: int, offset, clip_distance: int) -> chex.Array:
+  """one_hot[r, t] = 1 where clip(j - i + c, -k, k) + k = r along the distance axis t: (2k+1) x (Lq+Lk-1)."""
+  bucket_T = jnp.clip(distance_axis(length_q, length_k, offset), -clip_distance, clip_distance) + clip_distance
+  return (bucket_T[None, :] == jnp.arange(2 * clip_distance + 1)[:, None]).astype(jnp.float32)
+
+
+def shaw_logits_consecutive(query_BxLqxHxK, key_table_RxHxK, length_k: int, offset, clip_distance: int):
+  """shaw_logits for q_i = q_0 + i, k_j = q_0 + c + j: B x H x Lq x Lk, without a gather."""
+  per_distance_BxHxLqxR = jnp.einsum('bqhk,rhk->bhqr', query_BxLqxHxK.astype(jnp.float32),
+                                     key_table_RxHxK.astype(jnp.float32))
+  one_hot_RxT = distance_one_hot(query_BxLqxHxK.shape[1], length_k, offset, clip_distance)
+  return by_distance_to_by_key(jnp.einsum('bhqr,rt->bhqt', per_distance_BxHxLqxR, one_hot_RxT), length_k)
+
+
+def shaw_values_consecutive(weights_BxHxLqxLk, value_table_RxHxK, offset, clip_distance: int):
+  """shaw_values for consecutive positions (offset c = k_0 - q_0): B x Lq x H x K, without a scatter."""
+  _, _, length_q, length_k = weights_BxHxLqxLk.shape
+  one_hot_RxT = distance_one_hot(length_q, length_k, offset, clip_distance).astype(weights_BxHxLqxLk.dtype)
+  per_distance_BxHxLqxR = jnp.einsum('bhqt,rt->bhqr', by_key_to_by_distance(weights_BxHxLqxLk), one_hot_RxT)
+  return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxR, value_table_RxHxK.astype(per_distance_BxHxLqxR.dtype))
+
+
 class Shaw(LayerPositions):
   """Owns this layer's a^K and a^V tables."""
 
@@ -60,12 +88,20 @@ class Shaw(LayerPositions):
     return jnp.broadcast_to(table_RxHxK, (table_RxHxK.shape[0], self.num_heads, self.head_dim))
 
   def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    buckets = shaw_buckets(q_positions_BxLq, k_positions_BxLk, self.config.clip_distance)
-    return scale * shaw_logits(query_BxLqxHxK, self._per_head(self.key_table), buckets)
+    clip, table = self.config.clip_distance, self._per_head(self.key_table)
+    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+    length_k = k_positions_BxLk.shape[1]
+    term = jax.lax.cond(
+        consecutive, lambda: shaw_logits_consecutive(query_BxLqxHxK, table, length_k, offset, clip),
+        lambda: shaw_logits(query_BxLqxHxK, table, shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip)))
+    return scale * term
 
   def needs_weights(self):
     return True
 
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
-    buckets = shaw_buckets(q_positions_BxLq, k_positions_BxLk, self.config.clip_distance)
-    return shaw_values(weights_BxHxLqxLk, self._per_head(self.value_table), buckets)
+    clip, table = self.config.clip_distance, self._per_head(self.value_table)
+    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+    return jax.lax.cond(
+        consecutive, lambda: shaw_values_consecutive(weights_BxHxLqxLk, table, offset, clip),
+        lambda: shaw_values(weights_BxHxLqxLk, table, shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip)))

@@ -10,9 +10,11 @@ import math
 
 import chex
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, StackPositions, relative_positions
+from transformer.positions.relative import by_distance_to_by_key, contiguous_offset, distance_axis
 
 
 def t5_bucket(relative_position: chex.Array, *, bidirectional: bool, num_buckets: int = 32,
@@ -35,7 +37,31 @@ def t5_bucket(relative_position: chex.Array, *, bidirectional: bool, num_buckets
 
 def t5_bias(table_NxH: chex.Array, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
             max_distance: int) -> chex.Array:
-  """b[bucket(j - i)] arranged as B x H x Lq x Lk."""
+  """b[bucket(j - i)] arranged as B x H x Lq x Lk. For consecutive positions the Lq + Lk - 1 distances
+  are looked up and skewed into place (relative.py); otherwise an Lq x Lk gather."""
+  consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+  shape = (q_positions_BxLq.shape[0], table_NxH.shape[1], q_positions_BxLq.shape[1], k_positions_BxLk.shape[1])
+  return jax.lax.cond(
+      consecutive,
+      lambda: jnp.broadcast_to(_t5_bias_consecutive(table_NxH, *shape[2:], offset, bidirectional=bidirectional,
+                                                    max_distance=max_distance), shape),
+      lambda: jnp.broadcast_to(_t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk,
+                                                 bidirectional=bidirectional, max_distance=max_distance), shape))
+
+
+def _t5_bias_consecutive(table_NxH, length_q: int, length_k: int, offset, *, bidirectional: bool,
+                         max_distance: int) -> chex.Array:
+  """1 x H x Lq x Lk from the Lq + Lk - 1 distances a consecutive block covers."""
+  num_buckets, num_heads = table_NxH.shape
+  buckets_T = t5_bucket(distance_axis(length_q, length_k, offset), bidirectional=bidirectional,
+                        num_buckets=num_buckets, max_distance=max_distance)
+  by_distance_HxT = jnp.transpose(table_NxH[buckets_T])
+  rows_HxLqxT = jnp.broadcast_to(by_distance_HxT[:, None], (num_heads, length_q, buckets_T.shape[0]))
+  return by_distance_to_by_key(rows_HxLqxT, length_k)[None]
+
+
+def _t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
+                      max_distance: int) -> chex.Array:
   num_buckets, num_heads = table_NxH.shape
   buckets_BxLqxLk = t5_bucket(relative_positions(q_positions_BxLq, k_positions_BxLk),
                               bidirectional=bidirectional, num_buckets=num_buckets,
