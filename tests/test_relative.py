@@ -82,11 +82,11 @@ def test_shaw_terms_and_gradients_equal_the_gathered_ones(q_positions, k_positio
     logits = layer.apply(params, query, q_pos, k_pos, None, 1.0, method='logits')
     np.testing.assert_allclose(logits, gathered(*args)[0], rtol=1e-6, atol=1e-6)
     return
-  for ours, expected in zip(fast(*args), gathered(*args)):
+  for ours, expected in zip(jax.jit(fast)(*args), jax.jit(gathered)(*args)):
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
   loss = lambda f: lambda *a: sum(jnp.sum(jnp.sin(t)) for t in f(*a))
-  for ours, expected in zip(jax.grad(loss(fast), argnums=(0, 1, 2, 3))(*args),
-                            jax.grad(loss(gathered), argnums=(0, 1, 2, 3))(*args)):
+  for ours, expected in zip(jax.jit(jax.grad(loss(fast), argnums=(0, 1, 2, 3)))(*args),
+                            jax.jit(jax.grad(loss(gathered), argnums=(0, 1, 2, 3)))(*args)):
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -102,3 +102,23 @@ def test_t5_bias_and_its_gradient_equal_the_gathered_ones(q_positions, k_positio
   cotangent = jax.random.normal(jax.random.PRNGKey(1), ours(table).shape)
   np.testing.assert_allclose(jax.vjp(ours, table)[1](cotangent)[0], jax.vjp(gathered, table)[1](cotangent)[0],
                              rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('q_positions,k_positions', POSITIONS)
+def test_positions_known_only_at_run_time_take_the_same_path(q_positions, k_positions):
+  """Traced positions (decided by a lax.cond) give what constant positions (decided while tracing) give."""
+  q_pos, k_pos = jnp.asarray([list(q_positions)]), jnp.asarray([list(k_positions)])
+  layer = shaw_module.Shaw(config=PositionConfig(kind='shaw', clip_distance=3), num_heads=2, head_dim=4, model_dim=8,
+                           num_layers=1, causal=False)
+  query = jax.random.normal(jax.random.PRNGKey(0), (2, q_pos.shape[1], 2, 4))
+  weights = jax.random.uniform(jax.random.PRNGKey(1), (2, 2, q_pos.shape[1], k_pos.shape[1]))
+  params = layer.init(jax.random.PRNGKey(2), query, q_pos, k_pos, None, 1.0, method='logits')
+
+  def terms(q_pos, k_pos):
+    return (layer.apply(params, query, q_pos, k_pos, None, 0.5, method='logits'),
+            layer.apply(params, weights, q_pos, k_pos, method='values'),
+            t5_module.t5_bias(jnp.arange(24.0).reshape(8, 3), q_pos, k_pos, bidirectional=True, max_distance=6))
+
+  assert isinstance(relative.contiguous_offset(q_pos, k_pos)[0], bool)
+  for traced, constant in zip(jax.jit(terms)(q_pos, k_pos), terms(q_pos, k_pos)):
+    np.testing.assert_allclose(traced, constant, rtol=1e-5, atol=1e-5)

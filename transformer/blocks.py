@@ -9,6 +9,7 @@ from typing import Optional
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
@@ -92,7 +93,7 @@ class TransformerStack(nn.Module):
     chex.assert_rank(x_BxLxD, 3)
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
-    positions_1xL = jnp.arange(length, dtype=jnp.int32)[None]
+    positions_1xL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
     hooks = VARIANTS[config.position.kind].stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = hooks.embed(x_BxLxD, positions_1xL).astype(config.dtype)  # a float32 table would promote

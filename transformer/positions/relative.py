@@ -7,22 +7,38 @@ Lq x Lk term f(j - i + c) is a window of one vector indexed by t = j - i + Lq - 
 A term built on the t axis (Lq + Lk - 1 entries, or Lq rows of them) and skewed into place by a pad,
 a reshape and a slice costs memory moves only; a gather by an Lq x Lk index costs an Lq x Lk
 scatter-add in the backward pass, which on a CPU is several times the cost of the attention itself.
-Callers keep the gather for positions that are not consecutive runs (`lax.cond` on
-`contiguous_offset`).
+Callers keep the gather for positions that are not consecutive runs; the check is made while
+tracing when the positions are constants (the models build them with numpy), else by a lax.cond.
 """
 
+from typing import Callable
+
 import chex
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def contiguous_offset(q_positions_BxLq: chex.Array, k_positions_BxLk: chex.Array):
-  """(whether q and k are runs q_0 + i and k_0 + j with one k_0 - q_0 for the whole batch, that offset)."""
+  """(whether q and k are runs q_0 + i and k_0 + j with one k_0 - q_0 for the whole batch, that offset):
+  Python values when the positions are known while tracing (the models' own), traced ones otherwise."""
   chex.assert_rank([q_positions_BxLq, k_positions_BxLk], 2)
+  known = not any(isinstance(p, jax.core.Tracer) for p in (q_positions_BxLq, k_positions_BxLk))
+  xp = np if known else jnp
+  q_positions_BxLq, k_positions_BxLk = xp.asarray(q_positions_BxLq), xp.asarray(k_positions_BxLk)
   q_start, k_start = q_positions_BxLq[:, :1], k_positions_BxLk[:, :1]
-  runs = (jnp.all(q_positions_BxLq == q_start + jnp.arange(q_positions_BxLq.shape[1]))
-          & jnp.all(k_positions_BxLk == k_start + jnp.arange(k_positions_BxLk.shape[1])))
+  runs = (xp.all(q_positions_BxLq == q_start + xp.arange(q_positions_BxLq.shape[1]))
+          & xp.all(k_positions_BxLk == k_start + xp.arange(k_positions_BxLk.shape[1])))
   offsets = (k_start - q_start).reshape(-1)
-  return runs & jnp.all(offsets == offsets[0]), offsets[0]
+  consecutive, offset = runs & xp.all(offsets == offsets[0]), offsets[0]
+  return (bool(consecutive), int(offset)) if known else (consecutive, offset)
+
+
+def consecutive_or_gathered(consecutive, fast: Callable[[], chex.Array], gathered: Callable[[], chex.Array]):
+  """fast() for consecutive positions, gathered() otherwise; a lax.cond only when that is decided at run time."""
+  if isinstance(consecutive, jax.core.Tracer):
+    return jax.lax.cond(consecutive, fast, gathered)
+  return fast() if consecutive else gathered()
 
 
 def distance_axis(length_q: int, length_k: int, offset: chex.Array) -> chex.Array:

@@ -14,12 +14,11 @@ through an Lq x Lk gather and scatter-add.
 
 import chex
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, relative_positions
-from transformer.positions.relative import (by_distance_to_by_key, by_key_to_by_distance, contiguous_offset,
-                                            distance_axis)
+from transformer.positions.relative import (by_distance_to_by_key, by_key_to_by_distance, consecutive_or_gathered,
+                                            contiguous_offset, distance_axis)
 
 
 def shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip_distance: int) -> chex.Array:
@@ -91,7 +90,7 @@ class Shaw(LayerPositions):
     clip, table = self.config.clip_distance, self._per_head(self.key_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     length_k = k_positions_BxLk.shape[1]
-    term = jax.lax.cond(
+    term = consecutive_or_gathered(
         consecutive, lambda: shaw_logits_consecutive(query_BxLqxHxK, table, length_k, offset, clip),
         lambda: shaw_logits(query_BxLqxHxK, table, shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip)))
     return scale * term
@@ -102,6 +101,6 @@ class Shaw(LayerPositions):
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
     clip, table = self.config.clip_distance, self._per_head(self.value_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
-    return jax.lax.cond(
+    return consecutive_or_gathered(
         consecutive, lambda: shaw_values_consecutive(weights_BxHxLqxLk, table, offset, clip),
         lambda: shaw_values(weights_BxHxLqxLk, table, shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip)))

@@ -10,11 +10,11 @@ import math
 
 import chex
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, StackPositions, relative_positions
-from transformer.positions.relative import by_distance_to_by_key, contiguous_offset, distance_axis
+from transformer.positions.relative import (by_distance_to_by_key, consecutive_or_gathered, contiguous_offset,
+                                            distance_axis)
 
 
 def t5_bucket(relative_position: chex.Array, *, bidirectional: bool, num_buckets: int = 32,
@@ -41,7 +41,7 @@ def t5_bias(table_NxH: chex.Array, q_positions_BxLq, k_positions_BxLk, *, bidire
   are looked up and skewed into place (relative.py); otherwise an Lq x Lk gather."""
   consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
   shape = (q_positions_BxLq.shape[0], table_NxH.shape[1], q_positions_BxLq.shape[1], k_positions_BxLk.shape[1])
-  return jax.lax.cond(
+  return consecutive_or_gathered(
       consecutive,
       lambda: jnp.broadcast_to(_t5_bias_consecutive(table_NxH, *shape[2:], offset, bidirectional=bidirectional,
                                                     max_distance=max_distance), shape),
