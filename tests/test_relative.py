@@ -97,7 +97,7 @@ def test_t5_bias_and_its_gradient_equal_the_gathered_ones(q_positions, k_positio
   table = jax.random.normal(jax.random.PRNGKey(0), (8, 3))
   kwargs = dict(bidirectional=bidirectional, max_distance=6)
   ours = lambda table: t5_module.t5_bias(table, q_pos, k_pos, **kwargs)
-  gathered = lambda table: t5_module._t5_bias_gathered(table, q_pos, k_pos, **kwargs)  # pylint: disable=protected-access
+  gathered = lambda table: t5_module.t5_bias_gathered(table, q_pos, k_pos, **kwargs)
   np.testing.assert_array_equal(ours(table), gathered(table))
   cotangent = jax.random.normal(jax.random.PRNGKey(1), ours(table).shape)
   np.testing.assert_allclose(jax.vjp(ours, table)[1](cotangent)[0], jax.vjp(gathered, table)[1](cotangent)[0],

@@ -45,7 +45,7 @@ def t5_bias(table_NxH: chex.Array, q_positions_BxLq, k_positions_BxLk, *, bidire
       consecutive,
       lambda: jnp.broadcast_to(_t5_bias_consecutive(table_NxH, *shape[2:], offset, bidirectional=bidirectional,
                                                     max_distance=max_distance), shape),
-      lambda: jnp.broadcast_to(_t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk,
+      lambda: jnp.broadcast_to(t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk,
                                                  bidirectional=bidirectional, max_distance=max_distance), shape))
 
 
@@ -60,7 +60,7 @@ def _t5_bias_consecutive(table_NxH, length_q: int, length_k: int, offset, *, bid
   return by_distance_to_by_key(rows_HxLqxT, length_k)[None]
 
 
-def _t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
+def t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
                       max_distance: int) -> chex.Array:
   num_buckets, num_heads = table_NxH.shape
   buckets_BxLqxLk = t5_bucket(relative_positions(q_positions_BxLq, k_positions_BxLk),

@@ -1,0 +1,81 @@
+"""Forward and backward of one causal attention with each way of adding a relative term, timed
+side by side in one process (alternating, median of --repeats): what the distance layout of
+transformer/positions/relative.py buys over an Lq x Lk gather and scatter-add.
+
+  python -m experiments.attention_benchmark [--length=1024] [--batch_size=4] [--num_heads=4] [--head_dim=64]
+
+Rows: plain causal attention; Shaw's logits and values terms by gather and scatter-add, and by the
+distance layout; T5's bias by an Lq x Lk gather, and by the distance layout. The ratio is to plain.
+"""
+
+import statistics
+import time
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+
+from transformer.positions import relative, shaw, t5
+
+_LENGTH = flags.DEFINE_integer('length', 1024, 'Sequence length.')
+_BATCH = flags.DEFINE_integer('batch_size', 4, 'Sequences.')
+_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head width.')
+_CLIP = flags.DEFINE_integer('clip_distance', 16, "Shaw's k.")
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per row.')
+
+
+def attention_with(term: str, query, key, value, key_table, value_table, bias_table):
+  length = query.shape[1]
+  positions = jnp.arange(length)[None]
+  _, offset = relative.contiguous_offset(positions, positions)
+  scale = query.shape[-1] ** -0.5
+  logits = jnp.einsum('bqhk,bshk->bhqs', query, key) * scale
+  buckets = shaw.shaw_buckets(positions, positions, _CLIP.value)
+  if term == 'shaw (gather)':
+    logits += scale * shaw.shaw_logits(query, key_table, buckets)
+  elif term == 'shaw (distance layout)':
+    logits += scale * shaw.shaw_logits_consecutive(query, key_table, length, offset, _CLIP.value)
+  elif term == 't5 (gather)':
+    logits += t5.t5_bias_gathered(bias_table, positions, positions, bidirectional=False, max_distance=128)
+  elif term == 't5 (distance layout)':
+    logits += t5.t5_bias(bias_table, positions, positions, bidirectional=False, max_distance=128)
+  logits = jnp.where(jnp.tril(jnp.ones((length, length), bool)), logits, -1e30)
+  weights = jax.nn.softmax(logits, axis=-1)
+  output = jnp.einsum('bhqs,bshv->bqhv', weights, value)
+  if term == 'shaw (gather)':
+    output += shaw.shaw_values(weights, value_table, buckets)
+  elif term == 'shaw (distance layout)':
+    output += shaw.shaw_values_consecutive(weights, value_table, offset, _CLIP.value)
+  return output
+
+
+def main(argv):
+  del argv
+  shape = (_BATCH.value, _LENGTH.value, _HEADS.value, _HEAD_DIM.value)
+  keys = jax.random.split(jax.random.PRNGKey(0), 6)
+  table_shape = (2 * _CLIP.value + 1, _HEADS.value, _HEAD_DIM.value)
+  inputs = (*(jax.random.normal(k, shape) for k in keys[:3]), *(jax.random.normal(k, table_shape) for k in keys[3:5]),
+            jax.random.normal(keys[5], (32, _HEADS.value)))
+  terms = ['plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)', 't5 (distance layout)']
+  steps = {term: jax.jit(jax.value_and_grad(lambda args, term=term: jnp.sum(attention_with(term, *args) ** 2)))
+           for term in terms}
+  for step in steps.values():
+    jax.block_until_ready(step(inputs))
+  times = {term: [] for term in terms}
+  for _ in range(_REPEATS.value):
+    for term, step in steps.items():
+      start = time.perf_counter()
+      jax.block_until_ready(step(inputs))
+      times[term].append(time.perf_counter() - start)
+  print(f'causal attention, forward and backward: batch {shape[0]}, length {shape[1]}, {shape[2]} heads of '
+        f'{shape[3]}, Shaw k={_CLIP.value}; median of {_REPEATS.value}')
+  print(f'{"term":<24} {"ms":>10} {"vs plain":>9}')
+  plain = statistics.median(times['plain'])
+  for term in terms:
+    median = statistics.median(times[term])
+    print(f'{term:<24} {1e3 * median:>10.3f} {median / plain:>8.2f}x')
+
+
+if __name__ == '__main__':
+  app.run(main)
