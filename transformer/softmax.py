@@ -3,6 +3,7 @@
 from typing import Optional
 
 import chex
+import jax
 import jax.numpy as jnp
 
 
@@ -21,7 +22,9 @@ def softmax(logits: chex.Array, mask: Optional[chex.Array] = None, axis: int = -
   if mask is not None:
     mask = jnp.broadcast_to(mask, logits.shape)
     logits = jnp.where(mask, logits, masked_fill_value(logits.dtype))
-  row_max = jnp.max(logits, axis=axis, keepdims=True)
+  # The weights do not depend on the shift, so no gradient flows through the maximum (autodiff
+  # would otherwise spend a compare and select over all the logits in the backward pass).
+  row_max = jax.lax.stop_gradient(jnp.max(logits, axis=axis, keepdims=True))
   exponentials = jnp.exp(logits - row_max)
   if mask is not None:
     exponentials = jnp.where(mask, exponentials, 0.0)
