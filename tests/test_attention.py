@@ -83,6 +83,27 @@ def test_multi_head_attention_matches_flax_with_copied_weights():
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
+def test_self_attention_fuses_its_projections_into_one_matmul_with_the_same_result():
+  """Self-attention (the same array as queries and keys) projects with one D x 3D matmul; the
+  result, the gradients and the parameter names equal three separate projections' (the path a
+  distinct but equal key array takes)."""
+  width = H * K
+  x = jax.random.normal(jax.random.PRNGKey(0), (B, LQ, width))
+  module = MultiHeadAttention(num_heads=H)
+  params = module.init(jax.random.PRNGKey(1), x, x)['params']
+  assert sorted(params) == ['key', 'out', 'query', 'value']
+  assert params['query']['kernel'].shape == (width, width)
+  fused = lambda p: module.apply({'params': p}, x, x, mask=causal_mask(LQ))
+  separate = lambda p: module.apply({'params': p}, x, x + 0.0, mask=causal_mask(LQ))
+  matmuls = lambda attend: str(jax.make_jaxpr(attend)(params)).count('dot_general')
+  assert matmuls(separate) - matmuls(fused) == 2  # q, k and v in one matmul instead of three
+  np.testing.assert_allclose(fused(params), separate(params), atol=1e-5)
+  loss = lambda attend: lambda p: jnp.sum(jnp.sin(attend(p)))
+  for got, expected in zip(jax.tree_util.tree_leaves(jax.grad(loss(fused))(params)),
+                           jax.tree_util.tree_leaves(jax.grad(loss(separate))(params))):
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
 def test_multi_head_attention_rejects_width_not_divisible_by_heads():
   with pytest.raises(ValueError, match='not divisible by num_heads=3'):
     MultiHeadAttention(num_heads=3).init(jax.random.PRNGKey(0), jnp.ones((1, 2, 8)), jnp.ones((1, 2, 8)))

@@ -85,6 +85,29 @@ def test_a_fully_masked_row_gives_zeros_and_bad_block_sizes_are_named():
     tiny(attention_block_size=-1)
 
 
+def test_a_masked_first_key_block_leaves_no_trace_in_outputs_values_terms_or_gradients():
+  """Left padding: the first key block of every row is fully masked (its weights are exp(0) = 1
+  until a later block sets the row's maximum), and must contribute nothing."""
+  query, key, value = qkv(length_q=6, length_k=6)
+  extra = jax.random.normal(jax.random.PRNGKey(4), (2, 6, 2, 8))
+  mask = jnp.ones((1, 1, 6, 6), bool).at[..., :2].set(False)
+
+  def blocked(q, k, v):
+    return blockwise_attention(q, k, v, block_size=3, mask=mask, key_block_size=2,
+                               values_term=lambda w, rows, columns: jnp.einsum('bhqs,bshv->bqhv', w,
+                                                                               extra[:, columns]))
+
+  def dense(q, k, v):
+    output, weights = T.scaled_dot_product_attention(q, k, v, mask=mask, return_weights=True)
+    return output + jnp.einsum('bhqs,bshv->bqhv', weights, extra)
+
+  np.testing.assert_allclose(blocked(query, key, value), dense(query, key, value), atol=1e-5, rtol=1e-5)
+  loss = lambda attend: lambda *args: jnp.sum(jnp.sin(attend(*args)))
+  for got, expected in zip(jax.grad(loss(blocked), argnums=(0, 1, 2))(query, key, value),
+                           jax.grad(loss(dense), argnums=(0, 1, 2))(query, key, value)):
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monkeypatch):
   """Against the same parameters without blocks, one layer, blocks of 3 queries over 7 positions:

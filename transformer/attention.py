@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.blockwise import blockwise_attention, slice_shared
-from transformer.layers import Dense, dropout
+from transformer.layers import Dense, dropout, linear
 from transformer.positions.base import LayerPositions, Shared
 from transformer.softmax import softmax
 
@@ -116,9 +116,17 @@ class MultiHeadAttention(nn.Module):
     width = inputs_q_BxLqxD.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
-    query = split_heads(Dense(width, name='query')(inputs_q_BxLqxD), self.num_heads)
-    key = split_heads(Dense(width, name='key')(inputs_kv_BxLkxD), self.num_heads)
-    value = split_heads(Dense(width, name='value')(inputs_kv_BxLkxD), self.num_heads)
+    projections = [Dense(width, name=name) for name in ('query', 'key', 'value')]
+    if inputs_q_BxLqxD is inputs_kv_BxLkxD:  # self-attention: one matmul of width 3D instead of three
+      kernels, biases = zip(*(projection.weights(width) for projection in projections))
+      dtype = inputs_q_BxLqxD.dtype
+      qkv_BxLx3D = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
+                          jnp.concatenate(biases).astype(dtype))
+      query, key, value = (split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
+    else:
+      query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
+      key = split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads)
+      value = split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads)
 
     scale, bias, value_term = None, None, None
     if positions is not None:

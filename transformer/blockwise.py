@@ -5,7 +5,7 @@ FlashAttention), in plain JAX.
 For each block b of queries, a running row maximum m, a running sum l and an output accumulator o
 are carried over the blocks c of keys:
 
-  s = Q_b K_c^T * scale + term_bc        m' = max(m, rowmax s)      p = exp(s - m') * mask_bc
+  s = Q_b K_c^T * scale + term_bc (masked: fill)   m' = max(m, rowmax s)   p = exp(s - m')
   l = exp(m - m') l + rowsum p           o = exp(m - m') o + p V_c (+ values_term(p))
   output_b = o / l
 
@@ -75,13 +75,13 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   # Heads first (B x H x L x K) once, so that every block's two matmuls are plain batched matmuls
   # over contiguous rows: on XLA's CPU backend this makes the attention core about 1.5x faster than
   # contracting the B x L x H x K layout block by block.
-  query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32)
+  # Scaled once here (B x H x L x K numbers) rather than in every block's logits (L x L per head).
+  query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32) * scale
   key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
   value_BxHxLkxV = jnp.transpose(value, (0, 2, 1, 3))
   outputs = []
   for q_start in range(0, length_q, block_size):
     q_slice = slice(q_start, min(q_start + block_size, length_q))
-    rows = q_slice.stop - q_slice.start
     running_max = running_sum = accumulator = None  # set by the first key block
     last_key = q_slice.stop if skip_future_blocks else length_k
     key_block = key_block_size or last_key
@@ -91,22 +91,26 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
       allowed = block_slice(mask, q_slice, k_slice)
       running_max, running_sum, accumulator, weights = update(
           query_BxHxLqxK[:, :, q_slice], key_BxHxLkxK[:, :, k_slice], value_BxHxLkxV[:, :, k_slice], term,
-          allowed, running_max, running_sum, accumulator, scale)
+          allowed, running_max, running_sum, accumulator)
       if values_term is not None:
         extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
         if extra_BxbqxHxV is not None:
           accumulator = accumulator + jnp.transpose(extra_BxbqxHxV, (0, 2, 1, 3)).astype(jnp.float32)
-    outputs.append(accumulator / jnp.where(running_sum == 0.0, 1.0, running_sum))
+    # A row that has seen no allowed key still has the fill value as its maximum (and weights of
+    # exp(0) = 1 for its masked keys): it gets zeros. Any allowed key later sets the maximum, and the
+    # correction exp(fill - maximum) = 0 clears what the masked blocks added before.
+    seen_a_key = running_max > masked_fill_value(jnp.float32)
+    outputs.append(jnp.where(seen_a_key, accumulator / jnp.where(seen_a_key, running_sum, 1.0), 0.0))
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
 
 
 def _online_softmax_update(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, allowed, running_max_BxHxbqx1,
-                           running_sum_BxHxbqx1, accumulator_BxHxbqxV, scale):
+                           running_sum_BxHxbqx1, accumulator_BxHxbqxV):
   """One key block folded into a query block's running (max, sum, output), all heads first (None
   before the first block); also the block's unnormalised weights, which only a values term needs."""
-  logits = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxbqxK, key_BxHxbkxK) * scale
+  logits = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxbqxK, key_BxHxbkxK)  # the queries come scaled
   if term is not None:
     logits = logits + term.astype(jnp.float32)
   if allowed is not None:
@@ -117,9 +121,7 @@ def _online_softmax_update(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, a
   new_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
   if running_max_BxHxbqx1 is not None:
     new_max = jnp.maximum(running_max_BxHxbqx1, new_max)
-  weights = jnp.exp(logits - new_max)
-  if allowed is not None:
-    weights = jnp.where(allowed, weights, 0.0)
+  weights = jnp.exp(logits - new_max)  # masked keys: exp(fill - max) = 0 once the row has an allowed key
   block_sum = jnp.sum(weights, axis=-1, keepdims=True)
   block_output = jnp.einsum('bhqs,bhsv->bhqv', weights.astype(value_BxHxbkxV.dtype),
                             value_BxHxbkxV).astype(jnp.float32)
@@ -134,8 +136,8 @@ def _online_softmax_update(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, a
 # Recomputed in the backward pass rather than stored (as FlashAttention does): the block's logits
 # and weights never stay in memory, only its inputs. With a values term the weights are an output
 # and are kept.
-_update = jax.checkpoint(lambda *args: _online_softmax_update(*args)[:3] + (None,), static_argnums=(8,))
-_update_with_weights = jax.checkpoint(_online_softmax_update, static_argnums=(8,))
+_update = jax.checkpoint(lambda *args: _online_softmax_update(*args)[:3] + (None,))
+_update_with_weights = jax.checkpoint(_online_softmax_update)
 
 
 def slice_shared(shared, q_slice: slice, k_slice: slice):

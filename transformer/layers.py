@@ -85,9 +85,14 @@ class Dense(nn.Module):
   kernel_init: Callable = nn.initializers.xavier_uniform()
 
   @nn.compact
-  def __call__(self, x: chex.Array) -> chex.Array:
-    weight = self.param('kernel', self.kernel_init, (x.shape[-1], self.features))
+  def weights(self, in_features: int) -> tuple[chex.Array, Optional[chex.Array]]:
+    """(W, b), b None without a bias: for a caller that fuses several projections into one matmul."""
+    weight = self.param('kernel', self.kernel_init, (in_features, self.features))
     bias = self.param('bias', nn.initializers.zeros, (self.features,)) if self.use_bias else None
+    return weight, bias
+
+  def __call__(self, x: chex.Array) -> chex.Array:
+    weight, bias = self.weights(x.shape[-1])
     return linear(x, weight.astype(x.dtype), None if bias is None else bias.astype(x.dtype))
 
 
