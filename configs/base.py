@@ -36,7 +36,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.bidirectional = True    # recurrent encoders read both directions
   config.model.remat = False           # recompute layer activations in the backward pass: less memory, more time
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
-  config.model.attention_block_size = 0  # > 0: attention this many queries at a time (causal: later keys skipped)
+  config.model.attention_block_size = 128  # causal attention 128 queries at a time, later keys skipped; 0: one softmax
   config.model.attention_key_block_size = 0  # with blocks: keys per online-softmax block; 0: all at once
   config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls') or the mean ('mean')
 

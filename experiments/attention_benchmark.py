@@ -1,11 +1,16 @@
-"""Forward and backward of one causal attention with each way of adding a relative term, timed
-side by side in one process (alternating, median of --repeats): what the distance layout of
-transformer/positions/relative.py buys over an Lq x Lk gather and scatter-add.
+"""Forward and backward of one causal attention with each way of adding a relative term, and each
+attention core the library can run, timed side by side in one process (alternating, median of
+--repeats): what the distance layout of transformer/positions/relative.py buys over an Lq x Lk
+gather and scatter-add, and what the layouts and blocks of transformer/attention.py buy over
+jax.nn.dot_product_attention.
 
   python -m experiments.attention_benchmark [--length=1024] [--batch_size=4] [--num_heads=4] [--head_dim=64]
 
-Rows: plain causal attention; Shaw's logits and values terms by gather and scatter-add, and by the
-distance layout; T5's bias by an Lq x Lk gather, and by the distance layout. The ratio is to plain.
+Rows: plain causal attention (contracting the B x L x H x K layout); Shaw's logits and values terms
+by gather and scatter-add, and by the distance layout; T5's bias by an Lq x Lk gather, and by the
+distance layout; then the plain attention as jax.nn.dot_product_attention, as
+scaled_dot_product_attention (heads first) and as blockwise_attention with --block_size queries at a
+time. The ratio is to plain.
 """
 
 import statistics
@@ -15,6 +20,7 @@ from absl import app, flags
 import jax
 import jax.numpy as jnp
 
+from transformer import attention, blockwise, masks
 from transformer.positions import relative, shaw, t5
 
 _LENGTH = flags.DEFINE_integer('length', 1024, 'Sequence length.')
@@ -23,10 +29,20 @@ _HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
 _HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head width.')
 _CLIP = flags.DEFINE_integer('clip_distance', 16, "Shaw's k.")
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per row.')
+_BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per block in the blockwise row.')
+CORES = ('jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention')
 
 
 def attention_with(term: str, query, key, value, key_table, value_table, bias_table):
   length = query.shape[1]
+  mask = masks.causal_mask(length)
+  if term == 'jax.nn.dot_product_attention':
+    return jax.nn.dot_product_attention(query, key, value, is_causal=True)
+  if term == 'scaled_dot_product_attention':
+    return attention.scaled_dot_product_attention(query, key, value, mask=mask)
+  if term == 'blockwise_attention':
+    return blockwise.blockwise_attention(query, key, value, block_size=_BLOCK.value, mask=mask,
+                                         skip_future_blocks=True)
   positions = jnp.arange(length)[None]
   _, offset = relative.contiguous_offset(positions, positions)
   scale = query.shape[-1] ** -0.5
@@ -57,7 +73,7 @@ def main(argv):
   table_shape = (2 * _CLIP.value + 1, _HEADS.value, _HEAD_DIM.value)
   inputs = (*(jax.random.normal(k, shape) for k in keys[:3]), *(jax.random.normal(k, table_shape) for k in keys[3:5]),
             jax.random.normal(keys[5], (32, _HEADS.value)))
-  terms = ['plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)', 't5 (distance layout)']
+  terms = ['plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)', 't5 (distance layout)', *CORES]
   steps = {term: jax.jit(jax.value_and_grad(lambda args, term=term: jnp.sum(attention_with(term, *args) ** 2)))
            for term in terms}
   for step in steps.values():
@@ -68,13 +84,19 @@ def main(argv):
       start = time.perf_counter()
       jax.block_until_ready(step(inputs))
       times[term].append(time.perf_counter() - start)
+  plain_output = attention_with('plain', *inputs)
+  disagreement = max(float(jnp.max(jnp.abs(attention_with(core, *inputs) - plain_output))) for core in CORES)
+  if disagreement > 1e-4:
+    raise SystemExit(f'error: the attention cores disagree with plain attention by {disagreement:.2g}')
   print(f'causal attention, forward and backward: batch {shape[0]}, length {shape[1]}, {shape[2]} heads of '
         f'{shape[3]}, Shaw k={_CLIP.value}; median of {_REPEATS.value}')
-  print(f'{"term":<24} {"ms":>10} {"vs plain":>9}')
+  print(f'{"term":<29} {"ms":>10} {"vs plain":>9}')
   plain = statistics.median(times['plain'])
   for term in terms:
     median = statistics.median(times[term])
-    print(f'{term:<24} {1e3 * median:>10.3f} {median / plain:>8.2f}x')
+    label = f'{term} ({_BLOCK.value})' if term == 'blockwise_attention' else term
+    print(f'{label:<29} {1e3 * median:>10.3f} {median / plain:>8.2f}x')
+  print(f'the three attention cores agree with plain attention to {disagreement:.1g}')
 
 
 if __name__ == '__main__':

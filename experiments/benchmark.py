@@ -1,7 +1,7 @@
 """Training-step speed and memory of every positional variant, against the machine's own matmul peak.
 
   python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
-                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--attention_block_size=128]
+                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--attention_block_size=0]
                                   [--attention_key_block_size=512] [--peer] [--json=benchmark.json]
 
 Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
@@ -37,8 +37,9 @@ _VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.')
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
                            'Activations and matmuls (parameters stay float32); MFU is against the peak of this dtype.')
 _REMAT = flags.DEFINE_boolean('remat', False, 'Recompute layer activations in the backward pass.')
-_BLOCK = flags.DEFINE_integer('attention_block_size', 0,
-                              'Attention this many queries at a time beyond it (0: one L x L softmax).')
+_BLOCK = flags.DEFINE_integer('attention_block_size', 128,
+                              'Causal attention this many queries at a time beyond it, as the experiments do by '
+                              'default (configs/base.py); 0: one L x L softmax.')
 _KEY_BLOCK = flags.DEFINE_integer('attention_key_block_size', 0,
                                   'With blocks: keys per online-softmax block (0: all keys a block may see).')
 _PEER = flags.DEFINE_boolean('peer', False,

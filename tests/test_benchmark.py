@@ -89,14 +89,16 @@ def test_peer_model_starts_at_the_uniform_loss():
     assert abs(row['loss'] - math.log(64)) < 0.5, (variant, row['loss'])  # a fresh LM predicts ~uniformly
 
 
-def test_attention_benchmark_prints_a_row_per_way_of_adding_a_relative_term():
+def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_and_checks_the_cores_agree():
   result = subprocess.run(
       [sys.executable, '-m', 'experiments.attention_benchmark', '--length=16', '--batch_size=1', '--num_heads=2',
-       '--head_dim=4', '--clip_distance=2', '--repeats=1'],
+       '--head_dim=4', '--clip_distance=2', '--repeats=1', '--block_size=6'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
-  rows = [line.split() for line in result.stdout.splitlines()[2:]]
-  assert [' '.join(row[:-2]) for row in rows] == ['plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)',
-                                                  't5 (distance layout)']
+  rows = [line.split() for line in result.stdout.splitlines()[2:-1]]
+  assert [' '.join(row[:-2]) for row in rows] == [
+      'plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)', 't5 (distance layout)',
+      'jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention (6)']
+  assert result.stdout.splitlines()[-1].startswith('the three attention cores agree with plain attention')
   assert rows[0][-1] == '1.00x' and all(float(row[-2]) > 0 for row in rows)

@@ -134,6 +134,8 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)  # float32, another summation order
 
+  encoder_args = (tokens(2, length),)
+  params_encoder = init(T.EncoderOnly(tiny(kind, **one_layer)), *encoder_args)
   for make, args, blockwise_layers in (
       (lambda **c: T.EncoderOnly(tiny(kind, **one_layer, **c)), (tokens(2, length),), 1),
       (lambda **c: T.EncoderDecoder(tiny(kind, aligned_cross_attention=True, **one_layer, **c)),
@@ -144,3 +146,6 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
     blocked_outputs = jax.jit(blocked.apply)(params, *args)
     assert len(calls) == blockwise_layers, (kind, type(dense).__name__, len(calls))
     np.testing.assert_allclose(blocked_outputs, jax.jit(dense.apply)(params, *args), atol=2e-5, rtol=1e-5)
+  calls.clear()  # bidirectional attention without key blocks would only recompute: it stays dense
+  jax.jit(T.EncoderOnly(tiny(kind, **one_layer, attention_block_size=3)).apply)(params_encoder, *encoder_args)
+  assert not calls

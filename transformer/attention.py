@@ -95,9 +95,10 @@ class MultiHeadAttention(nn.Module):
   On GPUs, unless something needs the weights themselves (a values term, attention dropout, or a
   caller collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention`, which
   reaches cuDNN's fused kernel for half-precision inputs.
-  With block_size > 0, sequences longer than a block run through blockwise_attention instead:
-  block_size queries at a time, position terms per block, the keys after a causal block skipped,
-  and (with key_block_size) an online softmax over blocks of keys; Shaw included.
+  With block_size > 0, causal attention over sequences longer than a block runs through
+  blockwise_attention instead: block_size queries at a time, position terms per block, the keys
+  after a block skipped; with key_block_size also bidirectional attention, by an online softmax over
+  blocks of keys (memory bounded by the block sizes); Shaw included.
   Cross-attention passes no hooks unless source and target are aligned step by step. The weights
   are sown as 'intermediates/attention_weights'.
   """
@@ -137,7 +138,10 @@ class MultiHeadAttention(nn.Module):
 
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     caller_needs_weights = rng is not None or self.is_mutable_collection('intermediates')
-    if (self.block_size and not caller_needs_weights
+    # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
+    # bidirectional attention in query blocks alone only recomputes (1.07x the dense encoder step).
+    blocks_pay = causal or self.key_block_size > 0
+    if (self.block_size and blocks_pay and not caller_needs_weights
         and max(query.shape[1], key.shape[1]) > self.block_size):
       attended_BxLqxHxK = self._blockwise(query, key, value, mask, positions, q_positions_BxLq,
                                           k_positions_BxLk, shared, scale, causal)

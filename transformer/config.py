@@ -70,9 +70,10 @@ class ModelConfig:
   input_features: int = 0            # encoder-only: > 0 reads B x L x F floats instead of token ids
   remat: bool = False                # recompute each layer's activations in the backward pass (saves memory)
   compute_dtype: str = 'float32'     # activations and matmuls; parameters, softmax, norms and logits stay float32
-  attention_block_size: int = 0      # > 0: attention over longer sequences runs this many queries at a
-  #                                    time (keys after them skipped in causal layers); 0: one L x L softmax
-  attention_key_block_size: int = 0  # with blocks: keys per block of the online softmax; 0: all keys at once
+  attention_block_size: int = 0      # > 0: causal attention over longer sequences runs this many queries
+  #                                    at a time, the keys after them skipped; 0: one L x L softmax
+  attention_key_block_size: int = 0  # with blocks: keys per block of an online softmax, in every layer
+  #                                    (bidirectional too: memory bounded by the blocks); 0: all keys at once
   aligned_cross_attention: bool = False  # encoder-decoder with source and target aligned position by
   #                                    position (SAINT): cross-attention is causal and gets the variant's hooks
 
