@@ -149,3 +149,38 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   calls.clear()  # bidirectional attention without key blocks would only recompute: it stays dense
   jax.jit(T.EncoderOnly(tiny(kind, **one_layer, attention_block_size=3)).apply)(params_encoder, *encoder_args)
   assert not calls
+
+
+
+def test_shared_terms_cut_by_query_block_equal_slices_of_the_whole_term():
+  """Each block's shared terms (rows cut once, then a column slice) equal the block sliced out of
+  the whole term, for a term with rows and one broadcast over rows; the gradient is 1 exactly
+  where a causal sweep in blocks of 4 reads the term (rows 0-3 keys 0-3, rows 4-7 keys 0-7, rows
+  8-9 keys 0-9) and 0 elsewhere."""
+  from transformer.blockwise import block_slice, shared_by_query_block
+  shared = {'term': jax.random.normal(jax.random.PRNGKey(0), (2, 10, 10)),
+            'row_broadcast': jax.random.normal(jax.random.PRNGKey(1), (2, 1, 10))}
+  blocks = [(slice(start, min(start + 4, 10)), slice(0, min(start + 4, 10))) for start in range(0, 10, 4)]
+  block_terms = shared_by_query_block(shared, 10, 4)
+  for rows, columns in blocks:
+    for name, whole in shared.items():
+      np.testing.assert_array_equal(block_terms(rows, columns)[name], block_slice(whole, rows, columns))
+  gradient = jax.grad(lambda s: sum(jnp.sum(shared_by_query_block(s, 10, 4)(rows, columns)['term'])
+                                    for rows, columns in blocks))(shared)['term']
+  expected = np.zeros((10, 10))
+  for rows, columns in blocks:
+    expected[rows, columns] = 1.0
+  np.testing.assert_array_equal(gradient, np.broadcast_to(expected, (2, 10, 10)))
+
+
+@pytest.mark.parametrize('term_shape', [(1, 2, 3, 5), (1, 1, 3, 5), (3, 5), (2, 1, 5), (4, 2, 3, 5), (1, 2, 1, 5)])
+def test_adding_a_broadcast_term_has_the_gradient_of_a_plain_add(term_shape):
+  from transformer.blockwise import add_broadcast_term
+  logits = jax.random.normal(jax.random.PRNGKey(0), (4, 2, 3, 5))
+  term = jax.random.normal(jax.random.PRNGKey(1), term_shape)
+  loss = lambda add: lambda a, b: jnp.sum(jnp.sin(add(a, b)))
+  np.testing.assert_array_equal(add_broadcast_term(logits, term), logits + term)
+  for got, expected in zip(jax.grad(loss(add_broadcast_term), argnums=(0, 1))(logits, term),
+                           jax.grad(loss(jnp.add), argnums=(0, 1))(logits, term)):
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.blockwise import blockwise_attention, slice_shared
+from transformer.blockwise import blockwise_attention, shared_by_query_block
 from transformer.layers import Dense, dropout, linear
 from transformer.positions.base import LayerPositions, Shared
 from transformer.softmax import softmax
@@ -166,9 +166,11 @@ class MultiHeadAttention(nn.Module):
                  scale, causal):
     logits_term = values_term = None
     if positions is not None:
+      shared_block = shared_by_query_block(shared, query.shape[1], self.block_size)
+
       def logits_term(query_block, q_slice, k_slice):
         return positions.logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice],
-                                slice_shared(shared, q_slice, k_slice), scale)
+                                shared_block(q_slice, k_slice), scale)
 
       def values_term(weights_block, q_slice, k_slice):
         return positions.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
