@@ -6,8 +6,9 @@ reference benchmark step) and frees it at the end. glibc serves an allocation th
 fresh mmap (and, from a pool thread's own arena, always does), so every step starts by zeroing
 and faulting in 130,000 pages: on a 2-core machine a fifth of the CPU time went to the kernel.
 With one arena, no mmap and no trimming, a freed buffer stays mapped and the next step reuses it:
-`python -m experiments.benchmark --positions=none --lengths=256` went from 138,000 minor page faults
-and 0.24 CPU-s of system time per step to 16,500 and 0.03 (BENCHMARKS.md).
+the benchmark's reference step (no positions, length 256, batch 16), timed with getrusage around
+its steps, went from 138,000 minor page faults and 0.24 CPU-s of system time per step to 16,500
+and 0.03.
 
 The cost: memory freed by the process is not returned to the system until it exits; the peak is
 unchanged. Set EXPERIMENTS_KEEP_FREED_MEMORY=0 to leave malloc as it is.

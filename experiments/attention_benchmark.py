@@ -56,7 +56,7 @@ def attention_with(term: str, query, key, value, key_table, value_table, bias_ta
     logits += t5.t5_bias_gathered(bias_table, positions, positions, bidirectional=False, max_distance=128)
   elif term == 't5 (distance layout)':
     logits += t5.t5_bias(bias_table, positions, positions, bidirectional=False, max_distance=128)
-  logits = jnp.where(jnp.tril(jnp.ones((length, length), bool)), logits, -1e30)
+  logits = jnp.where(mask, logits, -1e30)
   weights = jax.nn.softmax(logits, axis=-1)
   output = jnp.einsum('bhqs,bshv->bqhv', weights, value)
   if term == 'shaw (gather)':

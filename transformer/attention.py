@@ -70,8 +70,8 @@ def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, ma
 def fused_attention_preferred() -> bool:
   """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs, where it
   reaches cuDNN's fused kernel. Elsewhere it is the same XLA computation as
-  scaled_dot_product_attention, in a layout that runs about 1.2x slower on CPUs
-  (`python -m experiments.attention_benchmark`)."""
+  scaled_dot_product_attention, in a layout that runs 1.3x (length 256) to 2x (length 1024) slower
+  on CPUs (`python -m experiments.attention_benchmark`, BENCHMARKS.md)."""
   return jax.default_backend() == 'gpu'
 
 

@@ -73,8 +73,8 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
     scale = 1.0 / math.sqrt(head_dim)
   update = _update_with_weights if values_term is not None else _update
   # Heads first (B x H x L x K) once, so that every block's two matmuls are plain batched matmuls
-  # over contiguous rows: on XLA's CPU backend this makes the attention core about 1.5x faster than
-  # contracting the B x L x H x K layout block by block.
+  # over contiguous rows, which XLA's CPU backend runs faster than contractions over the B x L x H x K
+  # layout (`python -m experiments.attention_benchmark`).
   # Scaled once here (B x H x L x K numbers) rather than in every block's logits (L x L per head).
   query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32) * scale
   key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
@@ -120,16 +120,13 @@ def _add_broadcast_term_forward(logits, term):
 
 
 def _add_broadcast_term_backward(term_shape, gradient):
+  aligned_shape = (1,) * (gradient.ndim - len(term_shape)) + tuple(term_shape)  # broadcasting's alignment
   term_gradient = gradient
-  if len(term_shape) == gradient.ndim and term_shape[0] == 1 and gradient.shape[0] > 1:
-    term_gradient = sum(gradient[index] for index in range(1, gradient.shape[0]))
-    term_gradient = (gradient[0] + term_gradient)[None]
-  extra_axes = gradient.ndim - len(term_shape)
-  axes = tuple(range(extra_axes)) + tuple(
-      extra_axes + axis for axis, size in enumerate(term_shape)
-      if size == 1 and term_gradient.shape[extra_axes + axis] > 1)
-  if axes:
-    term_gradient = jnp.sum(term_gradient, axis=axes, keepdims=True)
+  if aligned_shape[0] == 1 and gradient.shape[0] > 1:  # the batch: one add per slice
+    term_gradient = sum(gradient[index] for index in range(gradient.shape[0]))[None]
+  other_axes = tuple(axis for axis in range(1, gradient.ndim) if aligned_shape[axis] == 1 and gradient.shape[axis] > 1)
+  if other_axes:
+    term_gradient = jnp.sum(term_gradient, axis=other_axes, keepdims=True)
   return gradient, term_gradient.reshape(term_shape)
 
 
