@@ -7,7 +7,8 @@ repository ships the result, so nothing is downloaded at run time).
       --english=sword-text-kjv_14.3-1_all.deb
 
 Both modules use the KJV versification, so verse (book, chapter, verse) of one is verse (book,
-chapter, verse) of the other. Writes:
+chapter, verse) of the other, except in the five chapters of SHIFTED_CHAPTERS, where the Spanish
+module keeps the Spanish numbering (realigned here, see realign). Writes:
   verses.tsv.xz   book, chapter, verse, Spanish ids, English ids (space-separated subword ids), one
                   line per verse present and non-empty in both, in canonical order
   manifest.json   the packages and their sha256, the pieces of the vocabulary (id -> piece), the
@@ -35,6 +36,11 @@ MODULES = {'spanish': 'spaRV1909eb', 'english': 'engKJV2006eb'}
 # Held-out books: short, self-contained, with few parallel passages elsewhere in the Bible.
 SPLITS = {'eval': ('Ruth', 'Jonah', 'James', 'I Peter'), 'test': ('Esther', 'Micah', 'Philippians', 'I John')}  # pysword's names
 SPECIAL_PIECES = ('<pad>', '<s>', '</s>', '<unk>')  # ids 0-3: PAD, BOS, EOS, UNK
+# Chapters whose first KJV verse is the last verse of the previous chapter in Spanish Bibles (e.g.
+# KJV Jonah 1:17 is Reina-Valera Jonah 2:1). In these the Spanish module leaves the previous chapter's
+# last verse empty, runs one verse ahead through the chapter and joins its last two verses in one.
+# Found by comparing the lengths of every chapter's verses shifted by -1, 0 and +1.
+SHIFTED_CHAPTERS = (('Numbers', 13), ('Numbers', 30), ('I Samuel', 24), ('Hosea', 12), ('Jonah', 2))
 
 
 def deb_members(path: str) -> dict:
@@ -78,11 +84,33 @@ def read_verses(sword_root: str) -> list[tuple]:
       texts = {language: list(bible.get_iter(books=[reference], clean=True)) for language, bible in bibles.items()}
       if any(len(found) != len(references) for found in texts.values()):
         raise ValueError(f'{book}: {[len(t) for t in texts.values()]} verses; the KJV canon has {len(references)}')
-      for (chapter, number), spanish, english in zip(references, texts['spanish'], texts['english']):
-        spanish, english = clean(spanish), clean(english)
-        if spanish and english:
-          verses.append((book, chapter, number, spanish, english))
+      pairs = realign(book, references, [clean(t) for t in texts['spanish']], [clean(t) for t in texts['english']])
+      verses += [(book, chapter, number, spanish, english) for chapter, number, spanish, english in pairs
+                 if spanish and english]
   return verses
+
+
+def realign(book: str, references: list, spanish: list, english: list) -> list[tuple]:
+  """(chapter, verse, spanish, english) of one book, the texts given in the order of references.
+  In a chapter c of SHIFTED_CHAPTERS with n verses the Spanish of KJV (c-1, last) is the module's
+  (c, 1), that of KJV (c, v) is the module's (c, v+1) for v < n - 1, and the module's (c, n), two
+  Spanish verses, pairs with KJV (c, n-1) and (c, n) joined, numbered n - 1."""
+  spanish_at = dict(zip(references, spanish))
+  english_at = dict(zip(references, english))
+  for shifted_book, chapter in SHIFTED_CHAPTERS:
+    if shifted_book != book:
+      continue
+    last = max(number for c, number in references if c == chapter)
+    previous = max(number for c, number in references if c == chapter - 1)
+    if spanish_at[(chapter - 1, previous)]:
+      raise ValueError(f'{book} {chapter - 1}:{previous}: Spanish text where the shifted numbering leaves none')
+    spanish_at[(chapter - 1, previous)] = spanish_at[(chapter, 1)]
+    for number in range(1, last):
+      spanish_at[(chapter, number)] = spanish_at[(chapter, number + 1)]
+    english_at[(chapter, last - 1)] = f'{english_at[(chapter, last - 1)]} {english_at[(chapter, last)]}'
+    spanish_at[(chapter, last)] = english_at[(chapter, last)] = ''
+  return [(chapter, number, spanish_at[(chapter, number)], english_at[(chapter, number)])
+          for chapter, number in references]
 
 
 def split_of(book: str) -> str:
@@ -136,7 +164,8 @@ def main():
       rebuild='python -m experiments.data.prepare_bible --spanish=<sword-text-sparv .deb> '
               '--english=<sword-text-kjv .deb> (apt-get download sword-text-sparv sword-text-kjv)',
       description='Reina-Valera 1909 (Spanish) and King James Version (English), aligned verse by verse '
-                  '(both in the KJV versification); ids of a joint BPE vocabulary trained on the training books',
+                  '(in the KJV versification, SHIFTED_CHAPTERS realigned); ids of a joint BPE vocabulary trained '
+                  'on the training books',
       sources={language: f'{os.path.basename(deb)} (sha256 {sha256_of_file(deb)}): SWORD module {MODULES[language]}'
                for language, deb in (('spanish', args.spanish), ('english', args.english))},
       licence='public domain (both texts; Debian packaging of the SWORD modules)',
