@@ -107,7 +107,7 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   task = TaskSettings(**_section(config.task, 'task.', TaskSettings))
   _one_of('task.name', task.name, sorted(TASKS))
   _one_of('task.model_kind', task.model_kind, TASKS[task.name].model_kinds)
-  for name in ('vocab_size', 'min_length', 'max_length', 'eval_batches', 'horizon'):
+  for name in ('vocab_size', 'min_length', 'max_length', 'eval_batches', 'horizon', 'patch_length'):
     _positive(f'task.{name}', getattr(task, name))
   if task.min_length > task.max_length:
     raise ConfigError(f'task.min_length: got {task.min_length}; valid: at most task.max_length={task.max_length}')

@@ -13,10 +13,11 @@ from experiments.tasks.base import TaskSettings
 from experiments.tasks.forecast import SEASONS, Forecast
 
 
-def _task(dataset='co2', horizon=6, min_length=52, max_length=60, eval_lengths=(52, 80), eval_batches=2):
+def _task(dataset='co2', horizon=6, min_length=52, max_length=60, eval_lengths=(52, 80), eval_batches=2,
+          patch_length=1):
   return Forecast(TaskSettings(name='forecast', model_kind='encoder_only', vocab_size=1, min_length=min_length,
                                max_length=max_length, eval_lengths=eval_lengths, eval_batches=eval_batches,
-                               dataset=dataset, horizon=horizon))
+                               dataset=dataset, horizon=horizon, patch_length=patch_length))
 
 
 def _with_series(task, values):
@@ -55,6 +56,29 @@ def test_inputs_hold_only_the_past(split, length):
   sizes = valid.sum(1)
   for row, size in zip(inputs, sizes):  # consecutive times ending at the last input
     np.testing.assert_array_equal(row[:size], np.arange(-size + 1, 1))
+
+
+@pytest.mark.parametrize('split,length', [('train', None), ('eval', 52), ('test', 80)])
+def test_patches_are_the_window_cut_into_consecutive_pieces_ending_at_the_last_input(split, length):
+  """With z_t = t and patches of 4: patch p of a window of W values holds the times t-W+4p ..
+  t-W+4p+3 (relative to t-1), so the last valid patch ends at 0, every value is in the past, the
+  window lengths are whole patches, and the targets are those of the same window read value by value."""
+  patched, single = _task(patch_length=4), _task()
+  for task in (patched, single):
+    _with_series(task, np.arange(task._series.shape[0], dtype=np.float64)[:, None])
+  batch, reference = patched.batch(0, 1, split, 16, length=length), single.batch(0, 1, split, 16, length=length)
+  assert batch['inputs'].shape == (16, (length or 60) // 4, 4)
+  patches = batch['valid'].sum(1)
+  if length is None:  # training: whole patches within min_length .. max_length
+    assert np.all(patches * 4 >= 52) and np.all(patches * 4 <= 60) and len(set(patches)) > 1
+  else:
+    assert np.all(patches * 4 == length)
+  for row, count in zip(batch['inputs'], patches):
+    np.testing.assert_array_equal(row[:count].reshape(-1), np.arange(-4 * count + 1, 1))
+    assert np.all(row[count:] == 0)
+  if length is not None:  # evaluation: the same windows as without patches
+    np.testing.assert_array_equal(batch['targets'], reference['targets'])
+    np.testing.assert_array_equal(batch['inputs'].reshape(16, -1), reference['inputs'][..., 0])
 
 
 def test_scaling_uses_the_training_span_only(monkeypatch):
@@ -119,6 +143,10 @@ def test_evaluation_padding_leaves_the_targets_alone():
     ({'task.min_length': 20}, 'at least the season 52 of co2'),
     ({'task.eval_lengths': (52, 4000)}, 'leaves no train window of co2'),
     ({'task.horizon': 0}, 'task.horizon: got 0; valid: a positive number'),
+    ({'task.patch_length': 8}, 'task.min_length: got 52; valid: multiples of task.patch_length=8'),
+    ({'task.patch_length': 4, 'task.eval_lengths': (64, 210)},
+     'task.eval_lengths: got (64, 210); valid: multiples of task.patch_length=4'),
+    ({'task.patch_length': 0}, 'task.patch_length: got 0'),
     ({'task.model_kind': 'decoder_only'}, "task.model_kind: got 'decoder_only'; valid: encoder_only"),
 ])
 def test_bad_forecast_settings_name_the_field(change, message):

@@ -44,6 +44,7 @@ class TaskSettings:
   eval_batches: int
   dataset: str = ''
   horizon: int = 1
+  patch_length: int = 1
 
 
 class Task(abc.ABC):

@@ -9,6 +9,9 @@ out, as H regression outputs of the pooled encoder ([CLS] or mean).
               inputs are the past before them (which may lie in an earlier split, never a later one).
   scaling     per column, z = (f(x) - mean) / std with mean and std fitted on the training span only
               (f = log for prices, identity otherwise).
+  patches     with task.patch_length = P > 1 each token carries P consecutive values (PatchTST, Nie et
+              al. 2023): W / P tokens of P features, the last patch ending at x_{t-1}; every window
+              length is then a multiple of P, and positions count patches.
   relative    inputs and targets are changes from the last input: z_{t-W+i} - z_{t-1} in, z_{t+h} -
               z_{t-1} out for h = 0 .. H-1, so a trending level never leaves the training range and
               predicting 0 is the naive forecast (instance normalisation, as in RevIN, Kim et al.
@@ -42,7 +45,7 @@ class Forecast(Task):
 
   @property
   def model_fields(self) -> dict:
-    return dict(input_features=1, num_outputs=self.settings.horizon)
+    return dict(input_features=self.settings.patch_length, num_outputs=self.settings.horizon)
 
   @property
   def season(self) -> int:
@@ -58,6 +61,13 @@ class Forecast(Task):
     if shortest < self.season:
       return (f'task.min_length/task.eval_lengths: got a window of {shortest}; valid: at least the season '
               f'{self.season} of {settings.dataset}, which the seasonal-naive baseline looks back')
+    patch = settings.patch_length
+    lengths = dict(min_length=settings.min_length, max_length=settings.max_length,
+                   eval_lengths=settings.eval_lengths)
+    for field, value in lengths.items():
+      if any(length % patch for length in (value if field == 'eval_lengths' else (value,))):
+        return (f'task.{field}: got {value}; valid: multiples of task.patch_length={patch} (whole patches), '
+                f'or task.patch_length=1')
     try:
       scaled = self._scaled()
     except DataError as error:
@@ -94,13 +104,14 @@ class Forecast(Task):
     return np.stack(np.broadcast_arrays(np.arange(columns)[:, None], first_target[None]), -1).reshape(-1, 2)
 
   def sequence_length(self, length: int) -> int:
-    return length + 1  # the [CLS] token
+    return length // self.settings.patch_length + 1  # the patches and the [CLS] token
 
   def batch(self, seed, step, split, batch_size, length=None):
     settings = self.settings
     rng = batch_rng(seed, split, step, length or 0)
+    patch = settings.patch_length
     if length is None:
-      sizes = rng.integers(settings.min_length, settings.max_length + 1, size=batch_size)
+      sizes = patch * rng.integers(settings.min_length // patch, settings.max_length // patch + 1, size=batch_size)
       candidates = self.windows(split, settings.max_length)
       chosen = candidates[rng.integers(0, len(candidates), size=batch_size)]
       weights = np.ones(batch_size, np.float32)
@@ -110,15 +121,15 @@ class Forecast(Task):
       chosen, weights = self._evaluation_windows(split, length, step, batch_size)
       padded = length
     horizon = settings.horizon
-    inputs = np.zeros((batch_size, padded, 1), np.float32)
-    valid = np.zeros((batch_size, padded), bool)
+    inputs = np.zeros((batch_size, padded // patch, patch), np.float32)
+    valid = np.zeros((batch_size, padded // patch), bool)
     targets = np.zeros((batch_size, horizon), np.float32)
     seasonal = np.zeros((batch_size, horizon), np.float32)
     for b, ((column, t), size) in enumerate(zip(chosen, sizes)):
       values = self._series[:, column]
       last = values[t - 1]
-      inputs[b, :size, 0] = values[t - size:t] - last
-      valid[b, :size] = True
+      inputs[b, :size // patch] = (values[t - size:t] - last).reshape(size // patch, patch)
+      valid[b, :size // patch] = True
       targets[b] = values[t:t + horizon] - last
       lags = self.season * np.ceil((np.arange(horizon) + 1) / self.season).astype(int)  # one season back, in the window
       seasonal[b] = values[t + np.arange(horizon) - lags] - last
