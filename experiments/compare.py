@@ -1,7 +1,10 @@
 """Compare positional encodings: one command trains every (variant, seed) and tabulates and plots.
 
   python -m experiments.compare --config=configs/algorithmic.py:copy --positions=all --seeds=3 \
-      --workdir=runs/compare-copy [--config.train.steps=1000 ...]
+      --workdir=runs/compare-copy [--baselines=lstm] [--config.train.steps=1000 ...]
+
+--baselines adds recurrent models (model.architecture lstm or rnn) as rows of the same table, trained
+on the same task, budget and seeds.
 
 Each run trains in its own subprocess in WORKDIR/<variant>-seed<k> (so one failure cannot take
 the sweep down); runs that finished (summary.json) are skipped, so an interrupted sweep resumes
@@ -24,6 +27,9 @@ _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config fil
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per variant: 0 .. seeds-1.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
+_BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
+                                 'variants: lstm, rnn.')
+RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
 
 
 def fail(message: str) -> None:
@@ -37,6 +43,7 @@ def _config_argument(argv) -> str:
 
 def _overrides(argv) -> list[str]:
   return [a for a in argv if a.startswith('--config.') and not a.startswith(('--config.model.position.kind=',
+                                                                              '--config.model.architecture=',
                                                                               '--config.seed='))]
 
 
@@ -52,10 +59,27 @@ def variants_from_flag(value: str) -> list[str]:
   return chosen
 
 
-def run_one(config_argument: str, overrides: list[str], variant: str, seed: int, workdir: str) -> tuple[bool, str]:
+def baselines_from_flag(value: str) -> list[str]:
+  chosen = [b.strip() for b in value.split(',') if b.strip()]
+  unknown = [b for b in chosen if b not in RECURRENT_BASELINES]
+  if unknown:
+    raise ValueError(f'--baselines: got {value!r}; valid: empty, or a comma-separated list of '
+                     f'{", ".join(RECURRENT_BASELINES)}')
+  return chosen
+
+
+def row_flag(row: str) -> str:
+  """The override that makes a run of this row: a recurrent baseline's architecture, or a positional
+  variant of the Transformer."""
+  if row in RECURRENT_BASELINES:
+    return f'--config.model.architecture={row}'
+  return f'--config.model.position.kind={row}'
+
+
+def run_one(config_argument: str, overrides: list[str], row: str, seed: int, workdir: str) -> tuple[bool, str]:
   """Trains one run in a subprocess. Returns (ok, the last line of its error output)."""
   command = [sys.executable, '-m', 'experiments.train', f'--config={config_argument}', f'--workdir={workdir}',
-             f'--config.model.position.kind={variant}', f'--config.seed={seed}', *overrides]
+             row_flag(row), f'--config.seed={seed}', *overrides]
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, 'train.log'), 'w') as log:
     completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -73,7 +97,7 @@ def main(argv):
   if _SEEDS.value < 1:
     fail(f'--seeds: got {_SEEDS.value}; valid: a positive integer')
   try:
-    variants = variants_from_flag(_POSITIONS.value)
+    variants = variants_from_flag(_POSITIONS.value) + baselines_from_flag(_BASELINES.value)
   except ValueError as error:
     fail(str(error))
   config_argument, overrides = _config_argument(sys.argv), _overrides(sys.argv)

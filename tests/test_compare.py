@@ -60,9 +60,9 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
   assert (sweep / 'results.csv').read_text() == (tmp_path / 'whole' / 'results.csv').read_text()
 
 
-def test_a_forecast_sweep_tabulates_errors_beside_its_baselines(tmp_path):
+def test_a_forecast_sweep_tabulates_errors_beside_its_baselines_and_an_lstm_row(tmp_path):
   command = [sys.executable, '-m', 'experiments.compare', '--config=configs/forecast.py:sunspots',
-             '--positions=none,rope', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
+             '--positions=none,rope', '--baselines=lstm', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
              '--config.train.eval_every=4', '--config.model.model_dim=16', '--config.model.feed_forward_dim=32']
   result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -74,3 +74,17 @@ def test_a_forecast_sweep_tabulates_errors_beside_its_baselines(tmp_path):
     row = next(line for line in table.split('### mse')[0].splitlines() if line.startswith(f'| {baseline} (baseline)'))
     assert f'{final[baseline + "_mae"]:.3f}' in row.split('|')[3]  # the column of length 32
   assert (tmp_path / 'plot_mae.png').stat().st_size > 1000
+  lstm = json.loads((tmp_path / 'lstm-seed0' / 'config.json').read_text())
+  assert lstm['model']['architecture'] == 'lstm'
+  recorded = [json.loads(line) for line in (tmp_path / 'lstm-seed0' / 'metrics.jsonl').read_text().splitlines()]
+  final = next(r for r in recorded if r['split'] == 'eval' and r['length'] == 32)
+  row = next(line for line in table.splitlines() if line.startswith('| lstm |'))
+  assert f'{final["mae"]:.3f}' in row.split('|')[3]
+
+
+def test_an_unknown_baseline_is_named_before_anything_trains(tmp_path):
+  result = subprocess.run(_compare(tmp_path, '--baselines=lstm,gru'), cwd=ROOT, env=_environment(),
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 2
+  assert "--baselines: got 'lstm,gru'; valid: empty, or a comma-separated list of lstm, rnn" in result.stderr
+  assert not list(tmp_path.iterdir())
