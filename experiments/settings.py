@@ -155,6 +155,16 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
 
 
+def evaluation_width_cap(experiment: Experiment) -> Optional[int]:
+  """The widest a batch (axis 1) may be padded to in evaluation, when a learned table limits it: its
+  rows, less the [CLS] token an encoder-only model puts in front of the batch."""
+  rows = position_table_length(experiment.model)
+  if rows is None:
+    return None
+  prepends_cls = experiment.task.model_kind == 'encoder_only' and experiment.model.pooling == 'cls'
+  return rows - 1 if prepends_cls else rows
+
+
 def position_table_length(model: transformer.ModelConfig) -> Optional[int]:
   """The rows of a learned absolute table, when the variant has one: no sequence may be longer."""
   position = model.position

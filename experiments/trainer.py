@@ -22,7 +22,7 @@ from experiments.evaluation import evaluate
 from experiments.files import write_json_atomically
 from experiments.metrics import MetricsWriter
 from experiments.parallel import Placement
-from experiments.settings import Experiment, position_table_length, to_dict
+from experiments.settings import Experiment, evaluation_width_cap, to_dict
 from experiments.tasks import TASKS
 
 
@@ -158,7 +158,7 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
   train = experiment.train
   started = time.time()
   run_evaluation = functools.partial(evaluate, task, experiment, placement, eval_step, metrics_writer=metrics,
-                                     started=started, position_cap=position_table_length(experiment.model))
+                                     started=started, position_cap=evaluation_width_cap(experiment))
   progress = _Progress(start_step, train.steps, task.headline_metric)
   last_evaluation = {}
   step = start_step

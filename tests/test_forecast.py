@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 from configs import forecast as forecast_config
-from experiments import evaluation, settings
+from experiments import evaluation, settings, trainer
 from experiments.data import series as series_data
 from experiments.data.manifest import DataError
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
 from experiments.tasks.forecast import SEASONS, Forecast
+from tests.helpers import with_overrides
 
 
 def _task(dataset='co2', horizon=6, min_length=52, max_length=60, eval_lengths=(52, 80), eval_batches=2,
@@ -156,6 +157,19 @@ def test_bad_forecast_settings_name_the_field(change, message):
     config[section][field] = value
   with pytest.raises(settings.ConfigError, match=message.replace('(', r'\(').replace(')', r'\)')):
     settings.from_config_dict(config, jax.device_count())
+
+
+def test_a_learned_table_covers_every_evaluation_with_the_cls_token_in_front(tmp_path):
+  """A window of 100 is padded for evaluation to at most 127 values, so that with [CLS] in front it
+  fits the 128 rows of a learned table (padded to 128, the model saw 129 positions and failed)."""
+  config = with_overrides(forecast_config.get_config('sunspots'), {
+      'model.position.kind': 'learned', 'model.position.max_length': 128, 'task.eval_lengths': (16, 100),
+      'task.eval_batches': 1, 'train.steps': 2, 'train.eval_every': 2, 'model.model_dim': 16,
+      'model.feed_forward_dim': 32, 'train.batch_size': 8})
+  experiment = settings.from_config_dict(config, jax.device_count())
+  assert settings.evaluation_width_cap(experiment) == 127
+  records = trainer.run(experiment, str(tmp_path))
+  assert np.isfinite(records[100]['mae'])
 
 
 def test_every_series_loads_and_a_missing_one_is_named(tmp_path):
