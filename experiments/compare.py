@@ -14,6 +14,7 @@ and plots are written beside them.
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
 _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
                                  'variants: lstm, rnn.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
+EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
 
 
 def fail(message: str) -> None:
@@ -86,9 +88,15 @@ def run_one(config_argument: str, overrides: list[str], row: str, seed: int, wor
   if completed.returncode == 0 and os.path.exists(os.path.join(workdir, results.SUMMARY_FILE)):
     return True, ''
   with open(os.path.join(workdir, 'train.log')) as log:
-    lines = [line.strip() for line in log if line.strip()]
-  error = next((l for l in reversed(lines) if l.startswith('error:')), lines[-1] if lines else 'no output')
-  return False, f'exit code {completed.returncode}: {error}'
+    return False, f'exit code {completed.returncode}: {error_line(log.read().splitlines())}'
+
+
+def error_line(lines: list[str]) -> str:
+  """The line of a failed run's output that says why: our one-line 'error:', else the last line of
+  a traceback (the exception), else the last line."""
+  lines = [line.strip() for line in lines if line.strip()]
+  return next((l for l in reversed(lines) if l.startswith('error:') or EXCEPTION_LINE.match(l)),
+              lines[-1] if lines else 'no output')
 
 
 def main(argv):
@@ -122,7 +130,8 @@ def main(argv):
       logging.warning('%s: FAILED: %s', prefix, error)
     results.write_failures(_WORKDIR.value, failures)
   table = results.aggregate(_WORKDIR.value, variants, _SEEDS.value)
-  written = results.write_tables(_WORKDIR.value, table, failures)
+  this_sweep = {results.run_name(variant, seed) for variant, seed in runs}
+  written = results.write_tables(_WORKDIR.value, table, {n: e for n, e in failures.items() if n in this_sweep})
   written += results.plot(_WORKDIR.value, table)
   logging.info('sweep done in %.0f s; wrote %s', time.time() - started, ', '.join(written))
   print(open(os.path.join(_WORKDIR.value, 'results.md')).read())

@@ -22,6 +22,7 @@ def _compare(workdir, *extra):
 
 
 def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
+  (tmp_path / 'failures.json').write_text(json.dumps({'rope-seed3': 'exit code 1: from another sweep'}))
   command = [sys.executable, '-m', 'experiments.compare', '--config=configs/smoke.py', '--positions=learned,none',
              '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=10', '--config.model.position.max_length=8']
   result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
@@ -30,6 +31,7 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
   assert '| none | ' in table and '### Failed runs' in table
   assert '`learned-seed0`: exit code 2: error: model.position.max_length: got 8' in table
   assert (tmp_path / 'results.csv').read_text().count('failed: exit code 2') == 1
+  assert 'rope-seed3' not in table  # a failure outside this sweep's runs is not this table's
   for name in ('plot_token_accuracy.png', 'plot_sequence_accuracy.png', 'training_curves.png'):
     assert (tmp_path / name).stat().st_size > 1000
 
@@ -88,3 +90,13 @@ def test_an_unknown_baseline_is_named_before_anything_trains(tmp_path):
   assert result.returncode == 2
   assert "--baselines: got 'lstm,gru'; valid: empty, or a comma-separated list of lstm, rnn" in result.stderr
   assert not list(tmp_path.iterdir())
+
+
+def test_the_reported_error_is_the_exception_not_the_traceback_around_it():
+  from experiments.compare import error_line  # pylint: disable=g-import-not-at-top
+  traceback = ['I1130 step 100 loss 0.1', 'Traceback (most recent call last):', '  File "x.py", line 3',
+               'ValueError: sequence length 513 is longer than the learned position table (512 rows)',
+               '--------------------', 'For simplicity, JAX has removed its internal frames from the traceback.']
+  assert error_line(traceback).startswith('ValueError: sequence length 513')
+  assert error_line(['W warning', 'error: model.num_heads: got 3', '']) == 'error: model.num_heads: got 3'
+  assert error_line(['Killed']) == 'Killed' and error_line([]) == 'no output'
