@@ -14,7 +14,6 @@ and plots are written beside them.
 """
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -31,7 +30,6 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
 _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
                                  'variants: lstm, rnn.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
-EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
 
 
 def fail(message: str) -> None:
@@ -88,15 +86,7 @@ def run_one(config_argument: str, overrides: list[str], row: str, seed: int, wor
   if completed.returncode == 0 and os.path.exists(os.path.join(workdir, results.SUMMARY_FILE)):
     return True, ''
   with open(os.path.join(workdir, 'train.log')) as log:
-    return False, f'exit code {completed.returncode}: {error_line(log.read().splitlines())}'
-
-
-def error_line(lines: list[str]) -> str:
-  """The line of a failed run's output that says why: our one-line 'error:', else the last line of
-  a traceback (the exception), else the last line."""
-  lines = [line.strip() for line in lines if line.strip()]
-  return next((l for l in reversed(lines) if l.startswith('error:') or EXCEPTION_LINE.match(l)),
-              lines[-1] if lines else 'no output')
+    return False, f'exit code {completed.returncode}: {results.error_line(log.read().splitlines())}'
 
 
 def main(argv):

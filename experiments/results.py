@@ -6,11 +6,13 @@ import io
 import json
 import math
 import os
+import re
 
 from experiments.files import write_json_atomically, write_text_atomically
 from experiments.trainer import SUMMARY_FILE
 
 FAILURES_FILE = 'failures.json'
+EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
 MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'auc', 'mae', 'mse')
 HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'accuracy': True, 'auc': True,
                     'bits_per_character': False, 'mae': False, 'mse': False}
@@ -25,6 +27,14 @@ def baseline_of(name: str):
     if name.endswith('_' + metric):
       return name[:-len(metric) - 1], metric
   return None
+
+
+def error_line(lines: list[str]) -> str:
+  """The line of a failed run's output that says why: our one-line 'error:', else the last line of
+  a traceback (the exception), else the last line."""
+  lines = [line.strip() for line in lines if line.strip()]
+  return next((l for l in reversed(lines) if l.startswith('error:') or EXCEPTION_LINE.match(l)),
+              lines[-1] if lines else 'no output')
 
 
 def run_name(variant: str, seed: int) -> str:

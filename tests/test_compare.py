@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+from experiments.results import error_line
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -93,7 +95,6 @@ def test_an_unknown_baseline_is_named_before_anything_trains(tmp_path):
 
 
 def test_the_reported_error_is_the_exception_not_the_traceback_around_it():
-  from experiments.compare import error_line  # pylint: disable=g-import-not-at-top
   traceback = ['I1130 step 100 loss 0.1', 'Traceback (most recent call last):', '  File "x.py", line 3',
                'ValueError: sequence length 513 is longer than the learned position table (512 rows)',
                '--------------------', 'For simplicity, JAX has removed its internal frames from the traceback.']
