@@ -43,8 +43,8 @@ def test_realign_moves_a_shifted_chapter_back_to_the_kjv_numbering():
 
 
 def test_shipped_verses_have_no_chapter_one_verse_out_of_step():
-  """Independent of the fix: in every chapter, the Spanish and English lengths (in pieces) agree
-  verse by verse better than with either text shifted by one verse."""
+  """Independent of the fix: in no chapter do the Spanish and English lengths (in pieces) agree
+  much better (mean log-ratio 40% smaller) with either text shifted by one verse than verse by verse."""
   chapters = {}
   for split in bible.load()[0].values():
     for book, chapter, _, spanish_ids, english_ids in split:

@@ -62,10 +62,9 @@ class Forecast(Task):
       return (f'task.min_length/task.eval_lengths: got a window of {shortest}; valid: at least the season '
               f'{self.season} of {settings.dataset}, which the seasonal-naive baseline looks back')
     patch = settings.patch_length
-    lengths = dict(min_length=settings.min_length, max_length=settings.max_length,
-                   eval_lengths=settings.eval_lengths)
-    for field, value in lengths.items():
-      if any(length % patch for length in (value if field == 'eval_lengths' else (value,))):
+    for field in ('min_length', 'max_length', 'eval_lengths'):
+      value = getattr(settings, field)
+      if np.any(np.asarray(value) % patch):
         return (f'task.{field}: got {value}; valid: multiples of task.patch_length={patch} (whole patches), '
                 f'or task.patch_length=1')
     try:
