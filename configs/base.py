@@ -39,7 +39,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
   config.model.attention_block_size = 128  # causal attention 128 queries at a time, later keys skipped; 0: one softmax
   config.model.attention_key_block_size = 0  # with blocks: keys per online-softmax block; 0: all at once
-  config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls') or the mean ('mean')
+  config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls'), the last valid position ('last') or the mean ('mean')
 
   config.model.position = ml_collections.ConfigDict()
   config.model.position.kind = 'sinusoidal'  # none, sinusoidal, learned, shaw, t5, tupe_a, tupe_r, rope, alibi

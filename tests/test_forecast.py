@@ -163,7 +163,8 @@ def test_a_learned_table_covers_every_evaluation_with_the_cls_token_in_front(tmp
   """A window of 100 is padded for evaluation to at most 127 values, so that with [CLS] in front it
   fits the 128 rows of a learned table (padded to 128, the model saw 129 positions and failed)."""
   config = with_overrides(forecast_config.get_config('sunspots'), {
-      'model.position.kind': 'learned', 'model.position.max_length': 128, 'task.eval_lengths': (16, 100),
+      'model.position.kind': 'learned', 'model.pooling': 'cls', 'model.position.max_length': 128,
+      'task.eval_lengths': (16, 100),
       'task.eval_batches': 1, 'train.steps': 2, 'train.eval_every': 2, 'model.model_dim': 16,
       'model.feed_forward_dim': 32, 'train.batch_size': 8})
   experiment = settings.from_config_dict(config, jax.device_count())

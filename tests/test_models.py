@@ -71,10 +71,21 @@ def test_padding_does_not_change_unpadded_outputs(kind):
   np.testing.assert_allclose(decoder_only.apply(params, padded_target, valid_BxL=target_valid)[:, :4],
                              decoder_only.apply(params, target), atol=1e-5)
 
-  classifier = T.EncoderOnly(config.replace(pooling='mean'))
-  params = init(classifier, padded_source)
-  np.testing.assert_allclose(classifier.apply(params, padded_source, valid_BxL=source_valid),
-                             classifier.apply(params, source), atol=1e-5)
+  for pooling in ('mean', 'last'):
+    classifier = T.EncoderOnly(config.replace(pooling=pooling))
+    params = init(classifier, padded_source)
+    np.testing.assert_allclose(classifier.apply(params, padded_source, valid_BxL=source_valid),
+                               classifier.apply(params, source), atol=1e-5, err_msg=pooling)
+
+
+def test_last_pooling_reads_each_rows_last_valid_position():
+  """Against a loop over the rows: row b's vector at index (valid length - 1), for ragged lengths."""
+  hidden = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 4))
+  lengths = [5, 1, 3]
+  valid = jnp.arange(5)[None] < jnp.array(lengths)[:, None]
+  expected = np.stack([np.asarray(hidden)[b, n - 1] for b, n in enumerate(lengths)])
+  np.testing.assert_array_equal(T.models.pool(hidden, valid, 'last'), expected)
+  np.testing.assert_array_equal(T.models.pool(hidden, None, 'last'), np.asarray(hidden)[:, -1])
 
 
 def _models_and_inputs():

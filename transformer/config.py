@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 ARCHITECTURES = ('transformer', 'lstm', 'rnn')
 NORMS = ('post', 'pre')
-POOLINGS = ('cls', 'mean')
+POOLINGS = ('cls', 'mean', 'last')
 ACTIVATION_NAMES = ('relu', 'gelu')
 ABSOLUTE_TABLES = ('sinusoidal', 'learned')
 COMPUTE_DTYPES = ('float32', 'bfloat16')
@@ -66,7 +66,7 @@ class ModelConfig:
   architecture: str = 'transformer'  # or the recurrent baselines 'lstm', 'rnn'
   bidirectional: bool = True         # recurrent encoders: read both directions
   num_outputs: int = 2               # encoder-only: classes, or regression targets
-  pooling: str = 'cls'               # encoder-only: a learned [CLS] token, or the mean
+  pooling: str = 'cls'               # encoder-only: a learned [CLS] token, the last valid position, or the mean
   input_features: int = 0            # encoder-only: > 0 reads B x L x F floats instead of token ids
   remat: bool = False                # recompute each layer's activations in the backward pass (saves memory)
   compute_dtype: str = 'float32'     # activations and matmuls; parameters, softmax, norms and logits stay float32

@@ -102,9 +102,15 @@ class InputEmbedding(nn.Module):
 
 
 def pool(hidden_BxLxD, valid_BxL, pooling: str):
-  """The [CLS] vector (index 0) or the mean over valid positions: B x D."""
+  """The [CLS] vector (index 0), the last valid position's vector ('last'; valid_BxL must be a
+  prefix, as right padding makes it) or the mean over valid positions: B x D."""
   if pooling == 'cls':
     return hidden_BxLxD[:, 0]
+  if pooling == 'last':
+    if valid_BxL is None:
+      return hidden_BxLxD[:, -1]
+    last_B = jnp.maximum(jnp.sum(valid_BxL, axis=1) - 1, 0)
+    return jnp.take_along_axis(hidden_BxLxD, last_B[:, None, None], axis=1)[:, 0]
   if valid_BxL is None:
     return jnp.mean(hidden_BxLxD, axis=1)
   weights = valid_BxL.astype(hidden_BxLxD.dtype)[..., None]

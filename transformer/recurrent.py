@@ -76,7 +76,8 @@ class RecurrentDecoderOnly(nn.Module):
 
 
 class RecurrentEncoderOnly(nn.Module):
-  """inputs (ids B x L or features B x L x F) -> B x num_outputs; 'cls' pooling reads the final states."""
+  """inputs (ids B x L or features B x L x F) -> B x num_outputs; 'cls' and 'last' pooling read the
+  final states (each direction's last step), 'mean' averages the valid steps."""
   config: ModelConfig
 
   @nn.compact
@@ -85,7 +86,8 @@ class RecurrentEncoderOnly(nn.Module):
     x_BxLxD = InputEmbedding(config, name='input')(inputs)
     hidden = RecurrentStack(config, config.num_encoder_layers, config.bidirectional, name='encoder')(
         x_BxLxD, valid_BxL=valid_BxL, deterministic=deterministic)
-    pooled = summary(hidden, valid_BxL, config.bidirectional) if config.pooling == 'cls' else pool(
+    reads_final_states = config.pooling in ('cls', 'last')
+    pooled = summary(hidden, valid_BxL, config.bidirectional) if reads_final_states else pool(
         hidden, valid_BxL, 'mean')
     return Dense(config.num_outputs, name='head')(pooled)
 

@@ -2,7 +2,7 @@
 
 A window of the W most recent values x_{t-W} .. x_{t-1} goes in (W drawn from [task.min_length,
 task.max_length] in training, fixed per evaluation length); the next H = task.horizon values come
-out, as H regression outputs of the pooled encoder ([CLS] or mean).
+out, as H regression outputs of the pooled encoder (the newest value's state, [CLS] or mean).
 
   splits      chronological: the first 70% of the time axis trains, the next 15% evaluates ('eval'),
               the last 15% tests. A window belongs to the split that holds all its targets; its
