@@ -7,7 +7,8 @@ jax.nn.dot_product_attention.
   python -m experiments.attention_benchmark [--length=1024] [--batch_size=4] [--num_heads=4] [--head_dim=64]
 
 Rows: plain causal attention (contracting the B x L x H x K layout); Shaw's logits and values terms
-by gather and scatter-add, and by the distance layout; T5's bias by an Lq x Lk gather, and by the
+by gather and scatter-add, by the distance layout, and on the causal band of blockwise attention
+(--block_size queries at a time, as the models run it); T5's bias by an Lq x Lk gather, and by the
 distance layout; then the plain attention as jax.nn.dot_product_attention, as
 scaled_dot_product_attention (heads first) and as blockwise_attention with --block_size queries at a
 time. The ratio is to plain.
@@ -31,6 +32,7 @@ _CLIP = flags.DEFINE_integer('clip_distance', 16, "Shaw's k.")
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per row.')
 _BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per block in the blockwise row.')
 CORES = ('jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention')
+SHAW_BAND = 'shaw (causal band, blocks)'
 
 
 def attention_with(term: str, query, key, value, key_table, value_table, bias_table):
@@ -46,6 +48,8 @@ def attention_with(term: str, query, key, value, key_table, value_table, bias_ta
   positions = jnp.arange(length)[None]
   _, offset = relative.contiguous_offset(positions, positions)
   scale = query.shape[-1] ** -0.5
+  if term == SHAW_BAND:
+    return _shaw_band_blockwise(query, key, value, key_table, value_table, mask, scale)
   logits = jnp.einsum('bqhk,bshk->bhqs', query, key) * scale
   buckets = shaw.shaw_buckets(positions, positions, _CLIP.value)
   if term == 'shaw (gather)':
@@ -66,6 +70,23 @@ def attention_with(term: str, query, key, value, key_table, value_table, bias_ta
   return output
 
 
+def _shaw_band_blockwise(query, key, value, key_table, value_table, mask, scale):
+  """Shaw as the models run it in causal blocks: re-centred tables, the terms on each query block's
+  band of keys only (transformer/positions/shaw.py)."""
+  clip = _CLIP.value
+  band_key_table, band_value_table = key_table[:clip + 1] - key_table[:1], value_table[:clip + 1] - value_table[:1]
+
+  def logits_term(query_block, q_slice, k_slice):
+    return scale * shaw.band_logits_consecutive(query_block, band_key_table, k_slice.stop - k_slice.start,
+                                                k_slice.start - q_slice.start)
+
+  def values_term(weights_block, q_slice, k_slice):
+    return shaw.band_values_consecutive(weights_block, band_value_table, k_slice.start - q_slice.start)
+  return blockwise.blockwise_attention(query, key, value + value_table[0], block_size=_BLOCK.value, mask=mask,
+                                       scale=scale, skip_future_blocks=True, logits_term=logits_term,
+                                       values_term=values_term, band=clip)
+
+
 def main(argv):
   del argv
   shape = (_BATCH.value, _LENGTH.value, _HEADS.value, _HEAD_DIM.value)
@@ -73,7 +94,8 @@ def main(argv):
   table_shape = (2 * _CLIP.value + 1, _HEADS.value, _HEAD_DIM.value)
   inputs = (*(jax.random.normal(k, shape) for k in keys[:3]), *(jax.random.normal(k, table_shape) for k in keys[3:5]),
             jax.random.normal(keys[5], (32, _HEADS.value)))
-  terms = ['plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)', 't5 (distance layout)', *CORES]
+  terms = ['plain', 'shaw (gather)', 'shaw (distance layout)', SHAW_BAND, 't5 (gather)', 't5 (distance layout)',
+           *CORES]
   steps = {term: jax.jit(jax.value_and_grad(lambda args, term=term: jnp.sum(attention_with(term, *args) ** 2)))
            for term in terms}
   for step in steps.values():
@@ -88,6 +110,10 @@ def main(argv):
   disagreement = max(float(jnp.max(jnp.abs(attention_with(core, *inputs) - plain_output))) for core in CORES)
   if disagreement > 1e-4:
     raise SystemExit(f'error: the attention cores disagree with plain attention by {disagreement:.2g}')
+  band_disagreement = float(jnp.max(jnp.abs(attention_with(SHAW_BAND, *inputs)
+                                            - attention_with('shaw (distance layout)', *inputs))))
+  if band_disagreement > 1e-3:
+    raise SystemExit(f'error: Shaw by the causal band disagrees with the whole terms by {band_disagreement:.2g}')
   print(f'causal attention, forward and backward: batch {shape[0]}, length {shape[1]}, {shape[2]} heads of '
         f'{shape[3]}, Shaw k={_CLIP.value}; median of {_REPEATS.value}')
   print(f'{"term":<29} {"ms":>10} {"vs plain":>9}')
@@ -96,7 +122,8 @@ def main(argv):
     median = statistics.median(times[term])
     label = f'{term} ({_BLOCK.value})' if term == 'blockwise_attention' else term
     print(f'{label:<29} {1e3 * median:>10.3f} {median / plain:>8.2f}x')
-  print(f'the three attention cores agree with plain attention to {disagreement:.1g}')
+  print(f'the three attention cores agree with plain attention to {disagreement:.1g}, Shaw by the causal band '
+        f'with the whole terms to {band_disagreement:.1g}')
 
 
 if __name__ == '__main__':

@@ -98,7 +98,8 @@ def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_a
   assert result.returncode == 0, result.stderr[-2000:]
   rows = [line.split() for line in result.stdout.splitlines()[2:-1]]
   assert [' '.join(row[:-2]) for row in rows] == [
-      'plain', 'shaw (gather)', 'shaw (distance layout)', 't5 (gather)', 't5 (distance layout)',
+      'plain', 'shaw (gather)', 'shaw (distance layout)', 'shaw (causal band, blocks)', 't5 (gather)',
+      't5 (distance layout)',
       'jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention (6)']
   assert result.stdout.splitlines()[-1].startswith('the three attention cores agree with plain attention')
   assert rows[0][-1] == '1.00x' and all(float(row[-2]) > 0 for row in rows)

@@ -152,6 +152,37 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
 
 
 
+@pytest.mark.parametrize('clip_distance,key_block_size', [(1, 0), (2, 2), (4, 0), (5, 0)])
+def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(clip_distance, key_block_size,
+                                                                              monkeypatch):
+  """Shaw in causal blocks of 3 over 11 positions, terms on each block's band only (distances up to
+  k back, k below, at and above the block size; the keys before the band in one block or in blocks
+  of 2), against the one-softmax layer with the whole terms, padding included."""
+  bands = []
+  original = attention.blockwise_attention
+  monkeypatch.setattr(attention, 'blockwise_attention', lambda *a, **k: bands.append(k['band']) or original(*a, **k))
+  length = 11
+  args = (tokens(2, length),)
+  valid = jnp.arange(length)[None] < jnp.array([[length], [8]])
+  config = dict(num_decoder_layers=2, position=dict(clip_distance=clip_distance))
+  dense = T.DecoderOnly(tiny('shaw', **config))
+  blocked = T.DecoderOnly(tiny('shaw', attention_block_size=3, attention_key_block_size=key_block_size, **config))
+  params = init(dense, *args)
+  # Rows start apart: the re-centred tables are exact only if they differ from the untouched ones.
+  params = jax.tree_util.tree_map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(4), x.shape), params)
+
+  def value_and_grad(model):
+    loss = lambda p: jnp.sum(jnp.tanh(model.apply(p, *args, valid_BxL=valid)) * valid[..., None])
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+  blocked_value, blocked_grads = value_and_grad(blocked)
+  assert bands == [clip_distance] * 2
+  dense_value, dense_grads = value_and_grad(dense)
+  np.testing.assert_allclose(blocked_value, dense_value, rtol=1e-5, atol=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
+    np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)
+
+
 def test_shared_terms_cut_by_query_block_equal_slices_of_the_whole_term():
   """Each block's shared terms (rows cut once, then a column slice) equal the block sliced out of
   the whole term, for a term with rows and one broadcast over rows; the gradient is 1 exactly

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from transformer.blockwise import blockwise_attention, shared_by_query_block
 from transformer.layers import Dense, dropout, linear
 from transformer.positions.base import LayerPositions, Shared
+from transformer.positions.relative import contiguous_offset
 from transformer.softmax import softmax
 
 
@@ -98,7 +99,8 @@ class MultiHeadAttention(nn.Module):
   With block_size > 0, causal attention over sequences longer than a block runs through
   blockwise_attention instead: block_size queries at a time, position terms per block, the keys
   after a block skipped; with key_block_size also bidirectional attention, by an online softmax over
-  blocks of keys (memory bounded by the block sizes); Shaw included.
+  blocks of keys (memory bounded by the block sizes); Shaw included (in causal attention its
+  terms only on the band of keys within its clipping distance: LayerPositions.causal_band).
   Cross-attention passes no hooks unless source and target are aligned step by step. The weights
   are sown as 'intermediates/attention_weights'.
   """
@@ -164,8 +166,20 @@ class MultiHeadAttention(nn.Module):
 
   def _blockwise(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared,
                  scale, causal):
-    logits_term = values_term = None
-    if positions is not None:
+    logits_term = values_term = band = None
+    same_consecutive_positions = positions is not None and contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+    if causal and positions is not None and positions.causal_band() is not None and (
+        same_consecutive_positions[0] is True and same_consecutive_positions[1] == 0):
+      # Terms on the band next to each query block only; the keys before it go in without any.
+      band = positions.causal_band()
+      value = value + positions.value_offset().astype(value.dtype)
+
+      def logits_term(query_block, q_slice, k_slice):
+        return positions.band_logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice], scale)
+
+      def values_term(weights_block, q_slice, k_slice):
+        return positions.band_values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
+    elif positions is not None:
       shared_block = shared_by_query_block(shared, query.shape[1], self.block_size)
 
       def logits_term(query_block, q_slice, k_slice):
@@ -176,4 +190,4 @@ class MultiHeadAttention(nn.Module):
         return positions.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
     return blockwise_attention(query, key, value, block_size=self.block_size, mask=mask, scale=scale,
                                skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
-                               key_block_size=self.key_block_size or None)
+                               key_block_size=self.key_block_size or None, band=band)

@@ -11,7 +11,8 @@ are carried over the blocks c of keys:
 
 Position terms are computed per block: per-layer terms (Shaw, unshared T5) by calling the variant's
 hooks with the block's positions, shared terms (TUPE, ALiBi, shared T5) by slicing the stack's
-shared pytree. In causal self-attention (queries and keys at the same positions) keys after a query
+shared pytree; terms that vanish beyond a causal band (Shaw, re-centred) only on the keys of the
+band, the keys before it folded in as a block without terms. In causal self-attention (queries and keys at the same positions) keys after a query
 block's last query are never computed: about half the work at long lengths. Each block's logits and
 weights are recomputed in the backward pass rather than stored.
 
@@ -46,7 +47,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
                         skip_future_blocks: bool = False,
                         logits_term: Optional[Callable] = None,
                         values_term: Optional[Callable] = None,
-                        key_block_size: Optional[int] = None) -> chex.Array:
+                        key_block_size: Optional[int] = None, band: Optional[int] = None) -> chex.Array:
   """softmax(Q K^T * scale + term) V (+ the values term), block_size queries at a time, over
   key_block_size keys at a time (None: all the keys the query block may see, in one block).
 
@@ -57,6 +58,10 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   since it receives unnormalised, running-max-shifted weights (Shaw's a^V term is).
   skip_future_blocks: the mask is causal with query i and key i at the same position, so keys
   after a query block's last query are skipped without being computed.
+  band: with skip_future_blocks, the terms vanish for keys more than `band` positions before the
+  query; each query block's keys before its first query's band then go in without terms (in
+  key_block_size blocks), and the terms are computed on one block of the rest: the block's queries
+  and the `band` keys before them.
   A query row whose keys are all masked gets zeros (as scaled_dot_product_attention gives).
   """
   chex.assert_rank([query, key, value], 4)
@@ -69,6 +74,9 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   if skip_future_blocks and length_q != length_k:
     raise ValueError(f'skip_future_blocks needs queries and keys at the same positions; got lengths '
                      f'{length_q} and {length_k}')
+  if band is not None and (not skip_future_blocks or band < 0):
+    raise ValueError(f'band: got {band} (skip_future_blocks={skip_future_blocks}); valid: a distance >= 0, '
+                     f'in causal attention (skip_future_blocks=True)')
   if scale is None:
     scale = 1.0 / math.sqrt(head_dim)
   update = _update_with_weights if values_term is not None else _update
@@ -84,15 +92,14 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
     q_slice = slice(q_start, min(q_start + block_size, length_q))
     running_max = running_sum = accumulator = None  # set by the first key block
     last_key = q_slice.stop if skip_future_blocks else length_k
-    key_block = key_block_size or last_key
-    for k_start in range(0, last_key, key_block):
-      k_slice = slice(k_start, min(k_start + key_block, last_key, length_k))
-      term = logits_term(query[:, q_slice], q_slice, k_slice) if logits_term is not None else None
+    for k_slice, with_terms in _key_blocks(q_slice.start, last_key, key_block_size, band):
+      term = logits_term(query[:, q_slice], q_slice, k_slice) if logits_term is not None and with_terms else None
       allowed = block_slice(mask, q_slice, k_slice)
-      running_max, running_sum, accumulator, weights = update(
+      block_update = update if with_terms else _update
+      running_max, running_sum, accumulator, weights = block_update(
           query_BxHxLqxK[:, :, q_slice], key_BxHxLkxK[:, :, k_slice], value_BxHxLkxV[:, :, k_slice], term,
           allowed, running_max, running_sum, accumulator)
-      if values_term is not None:
+      if values_term is not None and with_terms:
         extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
         if extra_BxbqxHxV is not None:
           accumulator = accumulator + jnp.transpose(extra_BxbqxHxV, (0, 2, 1, 3)).astype(jnp.float32)
@@ -104,6 +111,18 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
+
+
+def _key_blocks(q_start: int, last_key: int, key_block_size: Optional[int], band: Optional[int]):
+  """(key slice, whether the terms apply) for one query block: keys [0, last_key) in key_block_size
+  blocks (None: one block), all with terms; with a band, the keys before q_start - band without
+  terms, then the rest in one block with them."""
+  band_start = 0 if band is None else max(q_start - band, 0)
+  step = key_block_size or max(band_start, last_key if band is None else 1)
+  blocks = [(slice(start, min(start + step, band_start)), False) for start in range(0, band_start, step)]
+  if band is not None:
+    return blocks + [(slice(band_start, last_key), True)]
+  return [(slice(start, min(start + step, last_key)), True) for start in range(0, last_key, step)]
 
 
 @jax.custom_vjp

@@ -88,6 +88,26 @@ class LayerPositions(nn.Module):
     """True when values() reads the attention weights (which a fused attention never forms)."""
     return False
 
+  # The causal band: a variant whose terms, re-centred, vanish for keys more than k positions before
+  # the query lets causal blockwise attention fold those keys in without any term (Shaw).
+
+  def causal_band(self) -> Optional[int]:
+    """k when band_logits, band_values and value_offset may replace logits and values in causal
+    attention (queries and keys at the same, consecutive positions); None otherwise."""
+    return None
+
+  def band_logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, scale: float) -> chex.Array:
+    """The re-centred logits term, zero for keys more than causal_band() positions back."""
+    raise NotImplementedError(f'{type(self).__name__} has no causal band')
+
+  def band_values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk) -> chex.Array:
+    """The re-centred values term, zero for keys more than causal_band() positions back."""
+    raise NotImplementedError(f'{type(self).__name__} has no causal band')
+
+  def value_offset(self) -> chex.Array:
+    """H x V, added to every value vector: what the re-centring took out of the values term."""
+    raise NotImplementedError(f'{type(self).__name__} has no causal band')
+
 
 def module_fields(module: nn.Module) -> dict:
   """The interface fields of a hooks module, to build a sibling or a part with the same ones."""
