@@ -183,6 +183,21 @@ def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(cli
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize('length_q,columns,width', [(4, 3, 9), (5, 7, 3), (1, 2, 2), (6, 6, 6)])
+def test_row_shifts_of_the_causal_band_against_loops(length_q, columns, width):
+  from transformer.positions.shaw import shift_rows_left, shift_rows_right
+  z = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (2, length_q, columns)))
+  right, left = np.zeros((2, length_q, width)), np.zeros((2, length_q, width))
+  for i in range(length_q):
+    for c in range(width):
+      if 0 <= c - i < columns:
+        right[:, i, c] = z[:, i, c - i]
+      if c + i < columns:
+        left[:, i, c] = z[:, i, c + i]
+  np.testing.assert_array_equal(shift_rows_right(jnp.asarray(z), width), right)
+  np.testing.assert_array_equal(shift_rows_left(jnp.asarray(z), width), left)
+
+
 def test_shared_terms_cut_by_query_block_equal_slices_of_the_whole_term():
   """Each block's shared terms (rows cut once, then a column slice) equal the block sliced out of
   the whole term, for a term with rows and one broadcast over rows; the gradient is 1 exactly

@@ -81,38 +81,46 @@ def shaw_values_consecutive(weights_BxHxLqxLk, value_table_RxHxK, offset, clip_d
   return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxR, value_table_RxHxK.astype(per_distance_BxHxLqxR.dtype))
 
 
-def _place_columns(x_NxP, start: int, width: int) -> chex.Array:
-  """out[..., start + r] = x[..., r] on a zero axis of `width`; what falls outside it is dropped."""
-  if start < 0:
-    x_NxP, start = x_NxP[..., -start:], 0
-  x_NxP = x_NxP[..., :max(width - start, 0)]
-  return jnp.pad(x_NxP, [(0, 0)] * (x_NxP.ndim - 1) + [(start, width - start - x_NxP.shape[-1])])
+def _pad_last(x, left: int, right: int):
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(left, right)])
 
 
-def _take_columns(x_NxT, start: int, count: int) -> chex.Array:
-  """x[..., start + r] for r in [0, count), zero where start + r is outside x's last axis."""
-  width = x_NxT.shape[-1]
-  left, right = max(-start, 0), max(start + count - width, 0)
-  padded = jnp.pad(x_NxT, [(0, 0)] * (x_NxT.ndim - 1) + [(left, right)])
-  return padded[..., start + left:start + left + count]
+def shift_rows_right(z_NxLqxP: chex.Array, width: int) -> chex.Array:
+  """out[..., i, c] = z[..., i, c - i], zero outside z: ... x Lq x width, by a pad and a reshape."""
+  *leading, length_q, columns = z_NxLqxP.shape
+  row = max(columns + length_q - 1, width + 1)  # a zero tail of Lq - 1 feeds the next rows' heads
+  flat = _pad_last(z_NxLqxP, 0, row - columns).reshape(*leading, length_q * row)
+  return flat[..., :length_q * (row - 1)].reshape(*leading, length_q, row - 1)[..., :width]
+
+
+def shift_rows_left(w_NxLqxLk: chex.Array, width: int) -> chex.Array:
+  """out[..., i, m] = w[..., i, m + i], zero outside w: ... x Lq x width, by a pad and a reshape."""
+  *leading, length_q, columns = w_NxLqxLk.shape
+  row = max(columns, length_q - 1 + width)
+  flat = _pad_last(_pad_last(w_NxLqxLk, 0, row - columns).reshape(*leading, length_q * row), 0, length_q)
+  return flat.reshape(*leading, length_q, row + 1)[..., :width]
 
 
 def band_logits_consecutive(query_BxLqxHxK, band_table_PxHxK, length_k: int, offset: int) -> chex.Array:
   """q_i . a[j - i + k] for the P = k + 1 distances j - i in [-k, 0], zero elsewhere, for q_i = q_0 + i,
-  k_j = q_0 + c + j: B x H x Lq x Lk (unscaled)."""
-  length_q = query_BxLqxHxK.shape[1]
+  k_j = q_0 + c + j: B x H x Lq x Lk (unscaled). Row i is its P numbers shifted right by i, so the
+  layout costs Lq x (Lk + 1) entries, not the Lq x (Lq + Lk - 1) of the whole distance axis."""
   per_distance_BxHxLqxP = jnp.einsum('bqhk,rhk->bhqr', query_BxLqxHxK.astype(jnp.float32),
                                      band_table_PxHxK.astype(jnp.float32))
-  # Distance d = j - i + c sits at t = d - c + Lq - 1 of the distance axis; d = -k is r = 0.
-  first = length_q - 1 - offset - (band_table_PxHxK.shape[0] - 1)
-  return by_distance_to_by_key(_place_columns(per_distance_BxHxLqxP, first, length_q + length_k - 1), length_k)
+  # Entry r (distance r - k) belongs at key j = i + r - s, s = c + k.
+  shift = offset + band_table_PxHxK.shape[0] - 1
+  lead = max(shift, 0)
+  placed = _pad_last(per_distance_BxHxLqxP, lead - shift, 0)
+  return shift_rows_right(placed, lead + length_k)[..., lead:]
 
 
 def band_values_consecutive(weights_BxHxLqxLk, band_table_PxHxK, offset: int) -> chex.Array:
   """sum over keys at distances j - i in [-k, 0] of w_ij a[j - i + k]: B x Lq x H x K."""
-  length_q = weights_BxHxLqxLk.shape[2]
-  first = length_q - 1 - offset - (band_table_PxHxK.shape[0] - 1)
-  per_distance_BxHxLqxP = _take_columns(by_key_to_by_distance(weights_BxHxLqxLk), first, band_table_PxHxK.shape[0])
+  num_distances = band_table_PxHxK.shape[0]
+  shift = offset + num_distances - 1
+  lead = max(shift, 0)
+  per_distance_BxHxLqxP = shift_rows_left(_pad_last(weights_BxHxLqxLk, lead, 0),
+                                          num_distances + lead - shift)[..., lead - shift:]
   return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxP,
                     band_table_PxHxK.astype(per_distance_BxHxLqxP.dtype))
 
