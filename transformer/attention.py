@@ -76,6 +76,12 @@ def fused_attention_preferred() -> bool:
   return jax.default_backend() == 'gpu'
 
 
+def _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk) -> bool:
+  """Whether queries and keys are the same run of positions, known while tracing."""
+  consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+  return consecutive is True and offset == 0
+
+
 def split_heads(x_BxLxD: chex.Array, num_heads: int) -> chex.Array:
   """B x L x (H*K) -> B x L x H x K."""
   batch, length, width = x_BxLxD.shape
@@ -167,9 +173,8 @@ class MultiHeadAttention(nn.Module):
   def _blockwise(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared,
                  scale, causal):
     logits_term = values_term = band = None
-    same_consecutive_positions = positions is not None and contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     if causal and positions is not None and positions.causal_band() is not None and (
-        same_consecutive_positions[0] is True and same_consecutive_positions[1] == 0):
+        _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk)):
       # Terms on the band next to each query block only; the keys before it go in without any.
       band = positions.causal_band()
       value = value + positions.value_offset().astype(value.dtype)
