@@ -152,7 +152,7 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
 
 
 
-@pytest.mark.parametrize('clip_distance,key_block_size', [(1, 0), (2, 2), (4, 0), (5, 0)])
+@pytest.mark.parametrize('clip_distance,key_block_size', [(1, 0), (3, 2), (4, 0)])
 def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(clip_distance, key_block_size,
                                                                               monkeypatch):
   """Shaw in causal blocks of 3 over 11 positions, terms on each block's band only (distances up to
@@ -164,7 +164,7 @@ def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(cli
   length = 11
   args = (tokens(2, length),)
   valid = jnp.arange(length)[None] < jnp.array([[length], [8]])
-  config = dict(num_decoder_layers=2, position=dict(clip_distance=clip_distance))
+  config = dict(num_decoder_layers=1, position=dict(clip_distance=clip_distance))
   dense = T.DecoderOnly(tiny('shaw', **config))
   blocked = T.DecoderOnly(tiny('shaw', attention_block_size=3, attention_key_block_size=key_block_size, **config))
   params = init(dense, *args)
@@ -176,7 +176,7 @@ def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(cli
     return jax.jit(jax.value_and_grad(loss))(params)
 
   blocked_value, blocked_grads = value_and_grad(blocked)
-  assert bands == [clip_distance] * 2
+  assert bands == [clip_distance]
   dense_value, dense_grads = value_and_grad(dense)
   np.testing.assert_allclose(blocked_value, dense_value, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
