@@ -66,8 +66,9 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
 
 def test_a_forecast_sweep_tabulates_errors_beside_its_baselines_and_an_lstm_row(tmp_path):
   command = [sys.executable, '-m', 'experiments.compare', '--config=configs/forecast.py:sunspots',
-             '--positions=none,rope', '--baselines=lstm', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
-             '--config.train.eval_every=4', '--config.model.model_dim=16', '--config.model.feed_forward_dim=32']
+             '--positions=rope', '--baselines=lstm', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
+             '--config.train.eval_every=4', '--config.model.model_dim=16', '--config.model.feed_forward_dim=32',
+             '--config.task.eval_lengths=(16,32)']
   result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   table = (tmp_path / 'results.md').read_text()
