@@ -74,7 +74,7 @@ def _shaw_band_blockwise(query, key, value, key_table, value_table, mask, scale)
   """Shaw as the models run it in causal blocks: re-centred tables, the terms on each query block's
   band of keys only (transformer/positions/shaw.py)."""
   clip = _CLIP.value
-  band_key_table, band_value_table = key_table[:clip + 1] - key_table[:1], value_table[:clip + 1] - value_table[:1]
+  band_key_table, band_value_table = shaw.band_table(key_table, clip), shaw.band_table(value_table, clip)
 
   def logits_term(query_block, q_slice, k_slice):
     return scale * shaw.band_logits_consecutive(query_block, band_key_table, k_slice.stop - k_slice.start,

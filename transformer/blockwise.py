@@ -12,8 +12,9 @@ are carried over the blocks c of keys:
 Position terms are computed per block: per-layer terms (Shaw, unshared T5) by calling the variant's
 hooks with the block's positions, shared terms (TUPE, ALiBi, shared T5) by slicing the stack's
 shared pytree; terms that vanish beyond a causal band (Shaw, re-centred) only on the keys of the
-band, the keys before it folded in as a block without terms. In causal self-attention (queries and keys at the same positions) keys after a query
-block's last query are never computed: about half the work at long lengths. Each block's logits and
+band, the keys before it folded in as a block without terms. In causal self-attention (queries and
+keys at the same positions) keys after a query block's last query are never computed: about half
+the work at long lengths. Each block's logits and
 weights are recomputed in the backward pass rather than stored.
 
 Key blocks: by default one block, every key a query block may see (its causal prefix), which on a
@@ -115,14 +116,15 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
 
 def _key_blocks(q_start: int, last_key: int, key_block_size: Optional[int], band: Optional[int]):
   """(key slice, whether the terms apply) for one query block: keys [0, last_key) in key_block_size
-  blocks (None: one block), all with terms; with a band, the keys before q_start - band without
-  terms, then the rest in one block with them."""
-  band_start = 0 if band is None else max(q_start - band, 0)
-  step = key_block_size or max(band_start, last_key if band is None else 1)
-  blocks = [(slice(start, min(start + step, band_start)), False) for start in range(0, band_start, step)]
-  if band is not None:
-    return blocks + [(slice(band_start, last_key), True)]
-  return [(slice(start, min(start + step, last_key)), True) for start in range(0, last_key, step)]
+  blocks (None: one block), all with terms; with a band, the keys before q_start - band in such
+  blocks without terms, then the rest in one block with them."""
+  def blocks(stop: int, with_terms: bool):
+    step = key_block_size or max(stop, 1)  # a range step of at least 1, when there are no keys
+    return [(slice(start, min(start + step, stop)), with_terms) for start in range(0, stop, step)]
+  if band is None:
+    return blocks(last_key, True)
+  band_start = max(q_start - band, 0)
+  return blocks(band_start, False) + [(slice(band_start, last_key), True)]
 
 
 @jax.custom_vjp

@@ -101,6 +101,12 @@ def shift_rows_left(w_NxLqxLk: chex.Array, width: int) -> chex.Array:
   return flat.reshape(*leading, length_q, row + 1)[..., :width]
 
 
+def band_table(table_RxHxK: chex.Array, clip_distance: int) -> chex.Array:
+  """The rows for the distances -k .. 0, less row 0 (distance -k), which every farther key shares:
+  (k+1) x H x K. Row 0 itself goes into the value vectors (a^V) or drops out of the softmax (a^K)."""
+  return table_RxHxK[:clip_distance + 1] - table_RxHxK[:1]
+
+
 def band_logits_consecutive(query_BxLqxHxK, band_table_PxHxK, length_k: int, offset: int) -> chex.Array:
   """q_i . a[j - i + k] for the P = k + 1 distances j - i in [-k, 0], zero elsewhere, for q_i = q_0 + i,
   k_j = q_0 + c + j: B x H x Lq x Lk (unscaled). Row i is its P numbers shifted right by i, so the
@@ -160,23 +166,22 @@ class Shaw(LayerPositions):
   def causal_band(self):
     return self.config.clip_distance if self.causal else None
 
-  def _band_table(self, table_RxHxK):
-    """Rows for the distances -k .. 0, less the row every farther key shares: (k+1) x H x K."""
-    table = self._per_head(table_RxHxK)
-    return table[:self.config.clip_distance + 1] - table[:1]
+  @staticmethod
+  def _band_offset(q_positions_BxLq, k_positions_BxLk) -> int:
+    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+    if consecutive is not True:
+      raise ValueError('Shaw: the causal band needs consecutive positions known while tracing')
+    return offset
 
   def band_logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, scale):
-    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
-    if consecutive is not True:
-      raise ValueError('Shaw.band_logits: needs consecutive positions known while tracing')
-    return scale * band_logits_consecutive(query_BxLqxHxK, self._band_table(self.key_table),
-                                           k_positions_BxLk.shape[1], offset)
+    offset = self._band_offset(q_positions_BxLq, k_positions_BxLk)
+    table = band_table(self._per_head(self.key_table), self.config.clip_distance)
+    return scale * band_logits_consecutive(query_BxLqxHxK, table, k_positions_BxLk.shape[1], offset)
 
   def band_values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
-    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
-    if consecutive is not True:
-      raise ValueError('Shaw.band_values: needs consecutive positions known while tracing')
-    return band_values_consecutive(weights_BxHxLqxLk, self._band_table(self.value_table), offset)
+    offset = self._band_offset(q_positions_BxLq, k_positions_BxLk)
+    table = band_table(self._per_head(self.value_table), self.config.clip_distance)
+    return band_values_consecutive(weights_BxHxLqxLk, table, offset)
 
   def value_offset(self):
     return self._per_head(self.value_table)[0]
