@@ -49,19 +49,20 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def translations(task, model, params, split: str, length: int, beam_size: int, length_penalty: float,
-                 batch_size: int = 32) -> list[tuple[str, str, str]]:
+                 batch_size: int = 32, use_cache: bool = True) -> list[tuple[str, str, str]]:
   """(source, reference, hypothesis) texts for every verse of one evaluation bucket of a
-  translation task, decoded greedily (beam_size 1) or by beam search."""
+  translation task, decoded greedily (beam_size 1) or by beam search, through the decoder's cache
+  unless use_cache is False."""
   members = task.bucket(split, length)
   pairs = {index: task.verse(split, index) for index in members}
   max_length = task.sequence_length(length)
   if beam_size == 1:
     decode = jax.jit(lambda p, s, v: transformer.greedy_decode(model, p, s, bos_id=BOS, max_length=max_length,
-                                                               source_valid_BxLs=v))
+                                                               source_valid_BxLs=v, use_cache=use_cache))
   else:
     decode = jax.jit(lambda p, s, v: transformer.beam_search(
         model, p, s, bos_id=BOS, eos_id=EOS, max_length=max_length, beam_size=beam_size,
-        length_penalty=length_penalty, source_valid_BxLs=v))
+        length_penalty=length_penalty, source_valid_BxLs=v, use_cache=use_cache))
   results = []
   for start in range(0, len(members), batch_size):
     chunk = members[start:start + batch_size]

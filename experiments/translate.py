@@ -1,7 +1,7 @@
 """BLEU and chrF of a trained translation run, per source-length bucket, greedy and beam search.
 
   python -m experiments.translate --workdir=runs/translation [--split=eval] [--beam=4] \
-      [--length_penalty=0.6] [--lengths=16,32,48]
+      [--length_penalty=0.6] [--lengths=16,32,48] [--nocache]
 
 Decodes every verse of the held-out split (the model writes every token itself), scores the
 detokenised English against the reference with sacrebleu (corpus BLEU, 13a tokenisation, and chrF)
@@ -27,6 +27,8 @@ _SPLIT = flags.DEFINE_enum('split', 'eval', ['eval', 'test'], 'Held-out books to
 _BEAM = flags.DEFINE_integer('beam', 4, 'Beam size (1 would repeat greedy decoding).')
 _LENGTH_PENALTY = flags.DEFINE_float('length_penalty', 0.6, 'alpha of ((5 + |y|) / 6) ** alpha.')
 _LENGTHS = flags.DEFINE_string('lengths', None, "Buckets to decode, '16,32' (default: the task's eval_lengths).")
+_CACHE = flags.DEFINE_bool('cache', True, "Decode through the decoder's key/value cache (--nocache reruns the "
+                           'decoder on the whole prefix at every step: the same translations, slower).')
 
 
 def scores(pairs: list[tuple[str, str]]) -> dict:
@@ -57,8 +59,9 @@ def main(argv):
   print(f'{"source length":>14} {"verses":>7} {"BLEU greedy":>12} {"BLEU beam":>10} {"chrF greedy":>12} '
         f'{"chrF beam":>10} {"BLEU copy":>10}')
   for length in lengths:
-    greedy = decoding.translations(task, model, params, _SPLIT.value, length, 1, 0.0)
-    beam = decoding.translations(task, model, params, _SPLIT.value, length, _BEAM.value, _LENGTH_PENALTY.value)
+    greedy = decoding.translations(task, model, params, _SPLIT.value, length, 1, 0.0, use_cache=_CACHE.value)
+    beam = decoding.translations(task, model, params, _SPLIT.value, length, _BEAM.value, _LENGTH_PENALTY.value,
+                                 use_cache=_CACHE.value)
     decoded[length] = [(source, reference, g, b) for (source, reference, g), (_, _, b) in zip(greedy, beam)]
     table[length] = row = _row(decoded[length])
     print(_line(f'<= {length}', row), flush=True)

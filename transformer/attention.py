@@ -107,6 +107,7 @@ class MultiHeadAttention(nn.Module):
   after a block skipped; with key_block_size also bidirectional attention, by an online softmax over
   blocks of keys (memory bounded by the block sizes); Shaw included (in causal attention its
   terms only on the band of keys within its clipping distance: LayerPositions.causal_band).
+  With use_cache, incremental decoding: keys and values kept in the 'cache' collection.
   Cross-attention passes no hooks unless source and target are aligned step by step. The weights
   are sown as 'intermediates/attention_weights'.
   """
@@ -119,14 +120,25 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
                mask: Optional[chex.Array] = None, positions: Optional[LayerPositions] = None,
                q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
-               shared: Shared = None, causal: bool = False, deterministic: bool = True) -> chex.Array:
-    """causal: the mask is causal and queries and keys share positions (lets blocks be skipped)."""
+               shared: Shared = None, causal: bool = False, deterministic: bool = True,
+               use_cache: bool = False, cache_index: Optional[chex.Array] = None) -> chex.Array:
+    """causal: the mask is causal and queries and keys share positions (lets blocks be skipped).
+
+    use_cache: incremental decoding through the 'cache' collection. The first call (cache_index
+    None) stores this call's projected (and rotated) keys and values, whose length is the cache's
+    capacity; later calls pass cache_index, the position of their first query: self-attention
+    writes its new keys and values there and attends over the whole cache (the mask hides the
+    slots not yet written), cross-attention reuses the memory's keys and values stored by the
+    first call. Keys and positions are those of the cache: k_positions_BxLk spans its capacity.
+    """
     chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
     width = inputs_q_BxLqxD.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
     projections = [Dense(width, name=name) for name in ('query', 'key', 'value')]
-    if inputs_q_BxLqxD is inputs_kv_BxLkxD:  # self-attention: one matmul of width 3D instead of three
+    is_self_attention = inputs_q_BxLqxD is inputs_kv_BxLkxD
+    reads_memory_cache = use_cache and cache_index is not None and not is_self_attention
+    if is_self_attention:  # one matmul of width 3D instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype
       qkv_BxLx3D = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
@@ -134,15 +146,24 @@ class MultiHeadAttention(nn.Module):
       query, key, value = (split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
     else:
       query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
-      key = split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads)
-      value = split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads)
+      key = value = None  # the memory's, from the cache
+      if not reads_memory_cache:
+        key = split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads)
+        value = split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads)
 
     scale, bias, value_term = None, None, None
     if positions is not None:
-      query, key = positions.rotate(query, key, q_positions_BxLq, k_positions_BxLk)
+      if use_cache and cache_index is not None:  # a step's new keys sit at its queries' positions
+        query, rotated_key = positions.rotate(query, query if key is None else key, q_positions_BxLq,
+                                              q_positions_BxLq)
+        key = None if key is None else rotated_key  # None: cross-attention's, rotated when cached
+      else:
+        query, key = positions.rotate(query, key, q_positions_BxLq, k_positions_BxLk)
       scale = positions.scale()
       if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
+    if use_cache:
+      key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
 
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     caller_needs_weights = rng is not None or self.is_mutable_collection('intermediates')
@@ -169,6 +190,17 @@ class MultiHeadAttention(nn.Module):
     if value_term is not None:
       attended_BxLqxHxK = attended_BxLqxHxK + value_term.astype(attended_BxLqxHxK.dtype)
     return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
+
+  def _cached_keys_values(self, key, value, cache_index, is_self_attention):
+    """The cache's keys and values, B x capacity x H x K, after writing this call's at cache_index."""
+    cached_key = self.variable('cache', 'cached_key', lambda: key)
+    cached_value = self.variable('cache', 'cached_value', lambda: value)
+    if cache_index is not None and is_self_attention:
+      start = (0, cache_index, 0, 0)
+      cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype), start)
+      cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value.astype(cached_value.value.dtype),
+                                                        start)
+    return cached_key.value, cached_value.value
 
   def _blockwise(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared,
                  scale, causal):

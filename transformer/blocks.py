@@ -48,18 +48,25 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
-               deterministic: bool = True):
+               deterministic: bool = True, key_positions_1xT=None, memory_positions_1xLs=None,
+               use_cache: bool = False, cache_index=None):
     """With config.aligned_cross_attention, target position i and source position i are the same
-    step (SAINT's exercises and responses), so cross-attention gets position hooks of its own."""
+    step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
+    key_positions_1xT and memory_positions_1xLs: the keys' positions when they are not the queries'
+    (incremental decoding: the cache's slots); use_cache and cache_index: MultiHeadAttention's."""
     config = self.config
+    key_positions_1xT = positions_1xL if key_positions_1xT is None else key_positions_1xT
+    memory_positions_1xLs = positions_1xL if memory_positions_1xLs is None else memory_positions_1xLs
+    cache = dict(use_cache=use_cache, cache_index=cache_index)
+    causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = VARIANTS[config.position.kind].layer(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, name='self_attention')
     x_BxLxD = _Residual(config, name='self_attention_residual')(
         x_BxLxD, lambda y: self_attention(y, y, mask=self_mask, positions=hooks, q_positions_BxLq=positions_1xL,
-                                          k_positions_BxLk=positions_1xL, shared=shared,
-                                          causal=self.causal, deterministic=deterministic), deterministic)
+                                          k_positions_BxLk=key_positions_1xT, shared=shared,
+                                          causal=causal, deterministic=deterministic, **cache), deterministic)
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                  config.attention_key_block_size, name='cross_attention')
@@ -68,8 +75,8 @@ class TransformerLayer(nn.Module):
           name='cross_position') if config.aligned_cross_attention else None
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
           x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, positions=cross_hooks,
-                                   q_positions_BxLq=positions_1xL, k_positions_BxLk=positions_1xL,
-                                   shared=shared, deterministic=deterministic),
+                                   q_positions_BxLq=positions_1xL, k_positions_BxLk=memory_positions_1xLs,
+                                   shared=shared, deterministic=deterministic, **cache),
           deterministic)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
                                name='feed_forward')
@@ -88,34 +95,61 @@ class TransformerStack(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD: chex.Array, *, valid_BxL: Optional[chex.Array] = None,
                memory_BxLsxD: Optional[chex.Array] = None, memory_valid_BxLs: Optional[chex.Array] = None,
-               deterministic: bool = True) -> chex.Array:
+               deterministic: bool = True, use_cache: bool = False) -> chex.Array:
+    """use_cache: incremental decoding of a causal stack (the 'cache' collection, mutable). The first
+    call creates the cache, sized by its input's length (the capacity: every position the decoding
+    will feed), and computes as without it; each later call feeds the next x_BxLxD.shape[1]
+    positions (one token, or a whole prompt at once), attending over the cache instead of
+    recomputing the prefix. Feeding past the capacity is not detected inside jit: size it for the
+    whole decoding."""
     config = self.config
     chex.assert_rank(x_BxLxD, 3)
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
     positions_1xL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
+    key_positions_1xT, memory_positions_1xLs, cache_index = positions_1xL, positions_1xL, None
+    if use_cache:
+      if not self.causal:
+        raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
+      step = self.has_variable('cache', 'index')
+      next_index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+      slots = self.variable('cache', 'positions', lambda: positions_1xL)  # its shape is the capacity
+      if step:
+        if valid_BxL is not None:
+          raise ValueError('valid_BxL: padding inside the decoded tokens is not supported with use_cache; '
+                           'valid: None')
+        cache_index = next_index.value
+        positions_1xL = cache_index + positions_1xL  # traced: the hooks take their gathering paths
+        key_positions_1xT = np.arange(slots.value.shape[1], dtype=np.int32)[None]
+        next_index.value = cache_index + length
     hooks = VARIANTS[config.position.kind].stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = hooks.embed(x_BxLxD, positions_1xL).astype(config.dtype)  # a float32 table would promote
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
-    shared = hooks.shared(positions_1xL, positions_1xL)
-    self_mask = self_attention_mask(valid_BxL, length, self.causal)
+    shared = hooks.shared(positions_1xL, key_positions_1xT)
+    if cache_index is None:
+      self_mask = self_attention_mask(valid_BxL, length, self.causal)
+    else:  # each query sees the slots up to its own position
+      self_mask = (key_positions_1xT[:, None, :] <= positions_1xL[:, :, None])[:, None]
     memory_mask = None
     if self.cross_attention:
       memory_mask = cross_attention_mask(memory_valid_BxLs)
       if config.aligned_cross_attention:
-        if memory_BxLsxD.shape[1] != length:
+        target_length = key_positions_1xT.shape[1]  # the cache's capacity in a cached step
+        if memory_BxLsxD.shape[1] != target_length:
           raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
-                           f'target length {length}; valid: aligned sequences of equal length')
-        mask = causal_mask(length)
+                           f'target length {target_length}; valid: aligned sequences of equal length')
+        memory_positions_1xLs = key_positions_1xT
+        mask = causal_mask(length) if cache_index is None else self_mask
         memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
     # With remat, a layer's activations are recomputed in the backward pass instead of stored:
     # memory per layer falls to its inputs, for about one more forward pass of compute.
-    layer_type = nn.remat(TransformerLayer, static_argnums=(7,)) if config.remat else TransformerLayer
+    layer_type = nn.remat(TransformerLayer, static_argnums=(7,)) if config.remat and not use_cache else TransformerLayer
+    cached_step = () if not use_cache else (key_positions_1xT, memory_positions_1xLs, use_cache, cache_index)
     for index in range(self.num_layers):
       x_BxLxD = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                            name=f'layer_{index}')(
-          x_BxLxD, self_mask, positions_1xL, shared, memory_BxLsxD, memory_mask, deterministic)
+          x_BxLxD, self_mask, positions_1xL, shared, memory_BxLsxD, memory_mask, deterministic, *cached_step)
     if config.norm == 'pre':
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))

@@ -47,9 +47,11 @@ class DecoderOnly(nn.Module):
     self.embedding = TokenEmbedding(self.config)
     self.decoder = TransformerStack(self.config, self.config.num_decoder_layers, causal=True)
 
-  def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True):
+  def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False):
+    """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable."""
     check_token_input(tokens_BxL, 'tokens')
-    hidden = self.decoder(self.embedding(tokens_BxL), valid_BxL=valid_BxL, deterministic=deterministic)
+    hidden = self.decoder(self.embedding(tokens_BxL), valid_BxL=valid_BxL, deterministic=deterministic,
+                          use_cache=use_cache)
     logits = self.embedding.logits(hidden)
     chex.assert_shape(logits, (*tokens_BxL.shape, self.config.vocab_size))
     return logits
@@ -71,11 +73,13 @@ class EncoderDecoder(nn.Module):
     return self.encoder(self.embedding(source_BxLs), valid_BxL=source_valid_BxLs, deterministic=deterministic)
 
   def decode(self, memory_BxLsxD, target_input_BxLt, *, source_valid_BxLs=None, target_valid_BxLt=None,
-             deterministic: bool = True):
+             deterministic: bool = True, use_cache: bool = False):
+    """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable; the
+    memory's keys and values are projected once, by the call that creates the cache."""
     check_token_input(target_input_BxLt, 'target_input')
     hidden = self.decoder(self.embedding(target_input_BxLt), valid_BxL=target_valid_BxLt,
                           memory_BxLsxD=memory_BxLsxD, memory_valid_BxLs=source_valid_BxLs,
-                          deterministic=deterministic)
+                          deterministic=deterministic, use_cache=use_cache)
     return self.embedding.logits(hidden)
 
   def __call__(self, source_BxLs, target_input_BxLt, *, source_valid_BxLs=None, target_valid_BxLt=None,
@@ -161,33 +165,98 @@ def greedy_generate(next_logits_fn: Callable[[chex.Array], chex.Array], prompt_B
   return jax.lax.fori_loop(prompt_length, total, step, buffer)
 
 
+def supports_cache(model: nn.Module) -> bool:
+  """Whether the model decodes incrementally (use_cache): the Transformers do, the recurrent baselines
+  carry no cache and are rerun on the prefix."""
+  return isinstance(model, (EncoderDecoder, DecoderOnly))
+
+
+def _cached_decoder(model: nn.Module, params, memory_BxLsxD, source_valid_BxLs, batch: int, capacity: int):
+  """(the cache of an encoder-decoder's decoder for `capacity` target positions, and a step function
+  (cache, tokens_BxS) -> (logits_BxSxV, cache) feeding the next S positions)."""
+  def run(cache, tokens_BxS):
+    variables = params if cache is None else {**params, 'cache': cache}
+    logits, updated = model.apply(variables, memory_BxLsxD, tokens_BxS, source_valid_BxLs=source_valid_BxLs,
+                                  use_cache=True, method='decode', mutable=['cache'])
+    return logits, updated['cache']
+
+  _, cache = run(None, jnp.zeros((batch, capacity), jnp.int32))
+  return cache, run
+
+
+def _reorder_cache(cache, parent_BxK, beam_size: int):
+  """Every cache array's rows (batch x beam first) taken from the parent hypotheses; the scalar
+  write index stays."""
+  def gather(x):
+    if x.ndim == 0 or x.shape[0] != parent_BxK.shape[0] * beam_size:
+      return x
+    by_beam = x.reshape(parent_BxK.shape[0], beam_size, *x.shape[1:])
+    index = parent_BxK.reshape(parent_BxK.shape + (1,) * (by_beam.ndim - 2))
+    return jnp.take_along_axis(by_beam, index, axis=1).reshape(x.shape)
+  return jax.tree_util.tree_map(gather, cache)
+
+
 def greedy_decode(model: nn.Module, params, source_BxLs, *, bos_id: int, max_length: int,
-                  source_valid_BxLs=None) -> chex.Array:
-  """Encoder-decoder greedy decoding: encode once, then emit max_length tokens after BOS: B x max_length."""
+                  source_valid_BxLs=None, use_cache: bool = True) -> chex.Array:
+  """Encoder-decoder greedy decoding: encode once, then emit max_length tokens after BOS: B x max_length.
+  With use_cache (Transformers) each step feeds one token through the decoder's cache; without, the
+  decoder is rerun on the whole fixed-length buffer at every step (the reference the tests compare with)."""
   memory = model.apply(params, source_BxLs, source_valid_BxLs=source_valid_BxLs, method='encode')
-  start = jnp.full((source_BxLs.shape[0], 1), bos_id, source_BxLs.dtype)
+  batch = source_BxLs.shape[0]
+  start = jnp.full((batch, 1), bos_id, source_BxLs.dtype)
+  if not (use_cache and supports_cache(model)):
+    def next_logits(tokens_BxT):
+      return model.apply(params, memory, tokens_BxT, source_valid_BxLs=source_valid_BxLs, method='decode')
+    return greedy_generate(next_logits, start, max_length)[:, 1:]
 
-  def next_logits(tokens_BxT):
-    return model.apply(params, memory, tokens_BxT, source_valid_BxLs=source_valid_BxLs,
-                       method='decode')
-
-  return greedy_generate(next_logits, start, max_length)[:, 1:]
+  cache, run = _cached_decoder(model, params, memory, source_valid_BxLs, batch, max_length)
+  return _greedy_through_cache(run, cache, start, max_length)
 
 
-def decoder_only_generate(model: DecoderOnly, params, prompt_BxP, num_new_tokens: int) -> chex.Array:
-  """Decoder-only greedy continuation of a prompt: B x (P + num_new_tokens)."""
-  return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxP, num_new_tokens)
+def _greedy_through_cache(run, cache, token_Bx1, num_tokens: int) -> chex.Array:
+  """Feeds token_Bx1, then each argmax token in turn, through run(cache, tokens) -> (logits, cache):
+  the num_tokens tokens it picks, B x num_tokens."""
+  def step(carry, _):
+    cache, token_Bx1 = carry
+    logits, cache = run(cache, token_Bx1)
+    next_token = jnp.argmax(logits[:, -1], axis=-1).astype(token_Bx1.dtype)[:, None]
+    return (cache, next_token), next_token[:, 0]
+
+  _, tokens_TxB = jax.lax.scan(step, (cache, token_Bx1), None, length=num_tokens)
+  return jnp.transpose(tokens_TxB)
+
+
+def decoder_only_generate(model: DecoderOnly, params, prompt_BxP, num_new_tokens: int,
+                          use_cache: bool = True) -> chex.Array:
+  """Decoder-only greedy continuation of a prompt: B x (P + num_new_tokens). With use_cache
+  (Transformers) the prompt goes through the cache in one call, then one token per step."""
+  if not (use_cache and supports_cache(model)) or num_new_tokens == 0:
+    return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxP, num_new_tokens)
+  batch, prompt_length = prompt_BxP.shape
+
+  def run(cache, tokens_BxS):
+    variables = params if cache is None else {**params, 'cache': cache}
+    logits, updated = model.apply(variables, tokens_BxS, use_cache=True, mutable=['cache'])
+    return logits, updated['cache']
+
+  _, cache = run(None, jnp.zeros((batch, prompt_length + num_new_tokens - 1), prompt_BxP.dtype))
+  logits, cache = run(cache, prompt_BxP)
+  first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt_BxP.dtype)[:, None]
+  rest = _greedy_through_cache(run, cache, first, num_new_tokens - 1)
+  return jnp.concatenate([prompt_BxP, first, rest], axis=1)
 
 
 def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: int, max_length: int,
-                beam_size: int, length_penalty: float = 0.6, source_valid_BxLs=None) -> chex.Array:
+                beam_size: int, length_penalty: float = 0.6, source_valid_BxLs=None,
+                use_cache: bool = True) -> chex.Array:
   """Encoder-decoder beam search: B x max_length tokens after BOS (the best hypothesis, EOS and
   then zeros once it has ended).
 
   Each step extends every live hypothesis by every token and keeps the beam_size best by summed
   log-probability; an ended hypothesis only extends by padding (id 0) at no cost. The final choice
   divides each score by the length penalty of Wu et al. 2016, ((5 + |y|) / 6) ** length_penalty.
-  The decoder is rerun on the whole prefix at each step (no cache): simple, and cheap at verse length.
+  With use_cache (Transformers) each step feeds the hypotheses' last tokens through the decoder's
+  cache, whose rows follow their parents; without, the decoder is rerun on the whole prefix.
   """
   batch = source_BxLs.shape[0]
   memory = model.apply(params, source_BxLs, source_valid_BxLs=source_valid_BxLs, method='encode')
@@ -197,11 +266,18 @@ def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: i
   scores_BxK = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)
   ended_BxK = jnp.zeros((batch, beam_size), bool)
   lengths_BxK = jnp.zeros((batch, beam_size), jnp.int32)
+  cached = use_cache and supports_cache(model)
+  cache, run = (_cached_decoder(model, params, memory_NxLsxD, valid_NxLs, batch * beam_size, max_length)
+                if cached else (None, None))
 
   def step(t, state):
-    tokens, scores, ended, lengths = state
-    logits = model.apply(params, memory_NxLsxD, tokens.reshape(batch * beam_size, -1), source_valid_BxLs=valid_NxLs,
-                         method='decode')[:, t - 1]
+    tokens, scores, ended, lengths, cache = state
+    if cached:
+      logits, cache = run(cache, tokens[:, :, t - 1].reshape(batch * beam_size, 1))
+      logits = logits[:, 0]
+    else:
+      logits = model.apply(params, memory_NxLsxD, tokens.reshape(batch * beam_size, -1),
+                           source_valid_BxLs=valid_NxLs, method='decode')[:, t - 1]
     log_probabilities = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, beam_size, -1)
     vocab = log_probabilities.shape[-1]
     padding_only = jnp.full((vocab,), -jnp.inf).at[0].set(0.0)
@@ -213,10 +289,12 @@ def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: i
     tokens = gather(tokens).at[:, :, t].set(token)
     was_ended = gather(ended)
     lengths = jnp.where(was_ended, gather(lengths), t)
-    return tokens, scores, was_ended | (token == eos_id), lengths
+    if cached:
+      cache = _reorder_cache(cache, parent, beam_size)
+    return tokens, scores, was_ended | (token == eos_id), lengths, cache
 
-  tokens, scores, _, lengths = jax.lax.fori_loop(1, max_length + 1, step, (tokens_BxKxT, scores_BxK, ended_BxK,
-                                                                          lengths_BxK))
+  tokens, scores, _, lengths, _ = jax.lax.fori_loop(
+      1, max_length + 1, step, (tokens_BxKxT, scores_BxK, ended_BxK, lengths_BxK, cache))
   normalised = scores / ((5.0 + lengths) / 6.0) ** length_penalty
   best = jnp.argmax(normalised, axis=1)
   return jnp.take_along_axis(tokens, best[:, None, None], axis=1)[:, 0, 1:]

@@ -1,0 +1,121 @@
+"""Incremental decoding (use_cache): every variant's cached steps against the whole forward pass,
+and the cached greedy, beam and decoder-only decoding against the same decoding without a cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import models
+from tests.helpers import init, tiny, tokens
+
+CHUNKS = (2, 1, 1, 3)  # a prompt of two tokens at once, then single tokens, then three at once
+
+
+def _fed_in_chunks(run, cache, target_BxL):
+  logits, start = [], 0
+  for size in CHUNKS:
+    step_logits, cache = run(cache, target_BxL[:, start:start + size])
+    logits.append(step_logits)
+    start += size
+  return jnp.concatenate(logits, axis=1)
+
+
+@pytest.mark.parametrize('kind', sorted(T.VARIANTS))
+def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
+  """Encoder-decoder with source padding (post-LN) and decoder-only (pre-LN), both with causal
+  attention in blocks of 4 (the capacity, 7, spans two), fed in chunks of 2, 1, 1 and 3 tokens."""
+  length = sum(CHUNKS)
+  config = tiny(kind, norm='post', attention_block_size=4)
+  model = T.EncoderDecoder(config)
+  source, target = tokens(2, 5, seed=1), tokens(2, length, seed=2)
+  source_valid = jnp.ones_like(source).at[1, 3:].set(0)
+  params = init(model, source, target, source_valid_BxLs=source_valid)
+  whole = model.apply(params, source, target, source_valid_BxLs=source_valid)
+  memory = model.apply(params, source, source_valid_BxLs=source_valid, method='encode')
+  cache, run = models._cached_decoder(model, params, memory, source_valid, 2, length)  # pylint: disable=protected-access
+  np.testing.assert_allclose(_fed_in_chunks(run, cache, target), whole, atol=2e-5, rtol=1e-5)
+
+  decoder_only = T.DecoderOnly(tiny(kind, attention_block_size=4))
+  params = init(decoder_only, target)
+
+  def run_decoder_only(cache, tokens_BxS):
+    variables = params if cache is None else {**params, 'cache': cache}
+    logits, updated = decoder_only.apply(variables, tokens_BxS, use_cache=True, mutable=['cache'])
+    return logits, updated['cache']
+
+  _, cache = run_decoder_only(None, jnp.zeros_like(target))
+  np.testing.assert_allclose(_fed_in_chunks(run_decoder_only, cache, target), decoder_only.apply(params, target),
+                             atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['shaw', 'alibi'])  # a values term; a shared term (the logits test has them all)
+def test_cached_decoding_picks_the_tokens_of_decoding_without_a_cache(kind):
+  config = tiny(kind)
+  model = T.EncoderDecoder(config)
+  source = tokens(3, 6, seed=3)
+  source_valid = jnp.ones_like(source).at[2, 4:].set(0)
+  params = init(model, source, source, source_valid_BxLs=source_valid)
+  for use_cache in (True, False):
+    decode = dict(bos_id=1, max_length=7, source_valid_BxLs=source_valid, use_cache=use_cache)
+    if use_cache:
+      greedy, beam = (T.greedy_decode(model, params, source, **decode),
+                      T.beam_search(model, params, source, eos_id=2, beam_size=3, **decode))
+    else:
+      np.testing.assert_array_equal(greedy, T.greedy_decode(model, params, source, **decode))
+      np.testing.assert_array_equal(beam, T.beam_search(model, params, source, eos_id=2, beam_size=3, **decode))
+  decoder_only = T.DecoderOnly(config)
+  prompt = tokens(2, 3, seed=4)
+  params = init(decoder_only, prompt)
+  generated = T.decoder_only_generate(decoder_only, params, prompt, 5)
+  assert generated.shape == (2, 8)
+  np.testing.assert_array_equal(generated, T.decoder_only_generate(decoder_only, params, prompt, 5, use_cache=False))
+
+
+def test_beam_search_reorders_the_cache_rows_with_their_hypotheses():
+  """A fake cache whose rows name their hypothesis: after the reorder each row holds its parent's."""
+  batch, beam = 2, 3
+  rows = jnp.arange(batch * beam, dtype=jnp.float32)
+  cache = {'layer': {'cached_key': rows[:, None, None] * jnp.ones((1, 4, 2)), 'index': jnp.array(5)},
+           'positions': jnp.arange(4)[None]}
+  parent = jnp.array([[2, 2, 0], [1, 0, 1]])
+  reordered = models._reorder_cache(cache, parent, beam)  # pylint: disable=protected-access
+  expected = [row * beam + p for row in range(batch) for p in parent[row].tolist()]
+  np.testing.assert_array_equal(reordered['layer']['cached_key'][:, 0, 0], expected)
+  assert int(reordered['layer']['index']) == 5
+  np.testing.assert_array_equal(reordered['positions'], cache['positions'])
+
+
+def test_aligned_cross_attention_steps_give_the_whole_forward_pass():
+  """SAINT's layout (knowledge tracing): target step i attends source steps up to i, with position
+  hooks in cross-attention too."""
+  config = tiny('rope', aligned_cross_attention=True)
+  model = T.EncoderDecoder(config)
+  length = sum(CHUNKS)
+  source, target = tokens(2, length, seed=5), tokens(2, length, seed=6)
+  params = init(model, source, target)
+  memory = model.apply(params, source, method='encode')
+  cache, run = models._cached_decoder(model, params, memory, None, 2, length)  # pylint: disable=protected-access
+  np.testing.assert_allclose(_fed_in_chunks(run, cache, target), model.apply(params, source, target),
+                             atol=2e-5, rtol=1e-5)
+
+
+def test_a_cache_beyond_the_learned_table_is_refused_when_it_is_made():
+  config = tiny('learned', position={'max_length': 8})
+  model = T.DecoderOnly(config)
+  params = init(model, tokens(1, 4))
+  with pytest.raises(ValueError, match=r'sequence length 9 is longer than the learned position table \(8 rows\)'):
+    T.decoder_only_generate(model, params, tokens(1, 4), 6)
+
+
+def test_use_cache_errors_name_what_is_wrong():
+  config = tiny()
+  encoder = T.TransformerStack(config, 1, causal=False)
+  x = jnp.zeros((1, 3, config.model_dim))
+  with pytest.raises(ValueError, match='needs a causal stack'):
+    encoder.init(jax.random.PRNGKey(0), x, use_cache=True)
+  decoder = T.TransformerStack(config, 1, causal=True)
+  variables = decoder.init(jax.random.PRNGKey(0), x, use_cache=True)
+  with pytest.raises(ValueError, match='valid_BxL: padding inside the decoded tokens'):
+    decoder.apply(variables, x[:, :1], valid_BxL=jnp.ones((1, 1)), use_cache=True, mutable=['cache'])
