@@ -23,6 +23,9 @@ Expected (measured, seed 0, rope with 'last' pooling, the defaults here; held-ou
                     is; the newest value's own state can (its distances to the past are fixed).
           sunspots  MAE 0.69 at 32 years against 0.68 seasonal-naive (11 years back) and 1.59 naive:
                     with 176 training windows the model does not beat the seasonal baseline
+          stocks    MAE 0.0792 at 32 days, 5 days ahead, against 0.0788 naive and 0.106 seasonal-naive; every
+                    variant and the LSTM within 0.0018 of naive and none below it: daily prices are
+                    close to a random walk
 """
 
 from configs import base
