@@ -165,16 +165,19 @@ def test_bad_settings_name_the_field(field, value, message):
     settings.from_config_dict(config, 1)
 
 
-def test_the_translate_command_scores_every_held_out_verse_of_a_bucket(tmp_path):
-  config = with_overrides(translation_config.get_config(), {
-      'model.model_dim': 32, 'model.feed_forward_dim': 64, 'train.steps': 2, 'train.batch_size': 8,
-      'task.eval_lengths': (16, 32), 'task.eval_batches': 1})
-  trainer.run(settings.from_config_dict(config, jax.device_count()), str(tmp_path))
-  command = [sys.executable, '-m', 'experiments.translate', f'--workdir={tmp_path}', '--lengths=16', '--beam=2']
+def test_the_translate_command_scores_every_held_out_verse_of_a_bucket_and_every_run_of_a_sweep(tmp_path):
+  sweep = tmp_path / 'sweep'
+  for kind in ('sinusoidal', 'rope'):
+    config = with_overrides(translation_config.get_config(), {
+        'model.model_dim': 32, 'model.feed_forward_dim': 64, 'train.steps': 2, 'train.batch_size': 8,
+        'task.eval_lengths': (16, 32), 'task.eval_batches': 1, 'model.position.kind': kind})
+    trainer.run(settings.from_config_dict(config, jax.device_count()), str(sweep / f'{kind}-seed0'))
+  run = sweep / 'sinusoidal-seed0'
+  command = [sys.executable, '-m', 'experiments.translate', f'--workdir={run}', '--lengths=16', '--beam=2']
   result = subprocess.run(command, capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr
-  scores = json.loads((tmp_path / 'translation_scores.json').read_text())
-  lines = (tmp_path / 'translations_eval.tsv').read_text().splitlines()[1:]
+  scores = json.loads((run / 'translation_scores.json').read_text())
+  lines = (run / 'translations_eval.tsv').read_text().splitlines()[1:]
   rows = [line.split('\t') for line in lines]
   task = _task(eval_lengths=(16, 32))
   assert len(rows) == len(task.bucket('eval', 16)) == scores['buckets']['16']['verses']
@@ -185,3 +188,19 @@ def test_the_translate_command_scores_every_held_out_verse_of_a_bucket(tmp_path)
   assert 0.0 <= scores['buckets']['all']['beam_bleu'] <= 100.0
   bad = subprocess.run(command[:-1] + ['--beam=1'], capture_output=True, text=True, check=False)
   assert bad.returncode == 2 and '--beam: got 1; valid: 2 or more' in bad.stderr
+
+  whole_sweep = subprocess.run([sys.executable, '-m', 'experiments.translate', f'--sweep={sweep}', '--lengths=16',
+                                '--beam=2'], capture_output=True, text=True, check=False)
+  assert whole_sweep.returncode == 0, whole_sweep.stderr
+  assert 'sinusoidal-seed0: scored before, with the same options' in whole_sweep.stdout
+  assert 'rope-seed0: decoding' in whole_sweep.stdout
+  rope = json.loads((sweep / 'rope-seed0' / 'translation_scores.json').read_text())['buckets']
+  table = (sweep / 'translation_scores.md').read_text().splitlines()
+  assert table[2] == '| run | <= 16 | all |'
+  assert table[4:] == [f'| rope-seed0 | {rope["16"]["greedy_bleu"]:.1f} / {rope["16"]["beam_bleu"]:.1f} | '
+                       f'{rope["all"]["greedy_bleu"]:.1f} / {rope["all"]["beam_bleu"]:.1f} |',
+                       f'| sinusoidal-seed0 | {scores["buckets"]["16"]["greedy_bleu"]:.1f} / '
+                       f'{scores["buckets"]["16"]["beam_bleu"]:.1f} | {scores["buckets"]["all"]["greedy_bleu"]:.1f} / '
+                       f'{scores["buckets"]["all"]["beam_bleu"]:.1f} |']
+  both = subprocess.run(command + [f'--sweep={sweep}'], capture_output=True, text=True, check=False)
+  assert both.returncode == 2 and '--workdir / --sweep: give one' in both.stderr
