@@ -25,7 +25,8 @@ def _fed_in_chunks(run, cache, target_BxL):
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   """Encoder-decoder with source padding (post-LN) and decoder-only (pre-LN), both with causal
-  attention in blocks of 4 (the capacity, 7, spans two), fed in chunks of 2, 1, 1 and 3 tokens."""
+  attention in blocks of 4 (the capacity, 7, spans two; the decoder-only model also over key blocks
+  of 4, so its cached steps run blockwise), fed in chunks of 2, 1, 1 and 3 tokens."""
   length = sum(CHUNKS)
   config = tiny(kind, norm='post', attention_block_size=4)
   model = T.EncoderDecoder(config)
@@ -37,7 +38,7 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   cache, run = models._cached_decoder(model, params, memory, source_valid, 2, length)  # pylint: disable=protected-access
   np.testing.assert_allclose(_fed_in_chunks(run, cache, target), whole, atol=2e-5, rtol=1e-5)
 
-  decoder_only = T.DecoderOnly(tiny(kind, attention_block_size=4))
+  decoder_only = T.DecoderOnly(tiny(kind, attention_block_size=4, attention_key_block_size=4))
   params = init(decoder_only, target)
 
   def run_decoder_only(cache, tokens_BxS):
