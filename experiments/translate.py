@@ -103,7 +103,8 @@ def sweep_table(payloads: dict) -> str:
   """Markdown: a row per run, BLEU greedy / beam per bucket and over all of them."""
   buckets = sorted({key for p in payloads.values() for key in p['buckets'] if key != 'all'}, key=int) + ['all']
   header = ['run'] + [f'<= {b}' if b != 'all' else 'all' for b in buckets]
-  lines = [f'BLEU greedy / beam {_BEAM.value} on the {_SPLIT.value} books by source length in pieces',
+  lines = [f'BLEU greedy / beam {_BEAM.value} on the {_SPLIT.value} books by source length in pieces (the bucket '
+           '<= N holds the verses longer than the bucket before it, up to N)',
            '', '| ' + ' | '.join(header) + ' |', '|' + ' --- |' * len(header)]
   for name, payload in payloads.items():
     cells = []
