@@ -94,7 +94,8 @@ def scored_before(workdir: str, lengths) -> dict | None:
   path = os.path.join(workdir, SCORES_FILE)
   if not os.path.exists(path):
     return None
-  payload = json.load(open(path))
+  with open(path) as file:
+    payload = json.load(file)
   same = all(payload.get(key) == value for key, value in options(lengths).items())
   return payload if same else None
 
@@ -139,13 +140,13 @@ def main(argv):
   for name in runs:
     workdir = os.path.join(_SWEEP.value, name)
     try:
-      loaded = load(workdir)
+      config, task, params, lengths = load(workdir)
     except (OSError, KeyError, ValueError) as error:
       fail(str(error))
-    payloads[name] = scored_before(workdir, loaded[3])
+    payloads[name] = scored_before(workdir, lengths)
     print(f'{name}: {"scored before, with the same options" if payloads[name] else "decoding"}', flush=True)
     if payloads[name] is None:
-      payloads[name] = score_run(workdir, *loaded)
+      payloads[name] = score_run(workdir, config, task, params, lengths)
   table = sweep_table(payloads)
   write_text_atomically(os.path.join(_SWEEP.value, 'translation_scores.md'), table)
   print(table)

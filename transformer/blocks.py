@@ -48,15 +48,14 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
-               deterministic: bool = True, key_positions_1xT=None, memory_positions_1xLs=None,
-               use_cache: bool = False, cache_index=None):
+               deterministic: bool = True, key_positions_1xT=None, use_cache: bool = False, cache_index=None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
-    key_positions_1xT and memory_positions_1xLs: the keys' positions when they are not the queries'
-    (incremental decoding: the cache's slots); use_cache and cache_index: MultiHeadAttention's."""
+    key_positions_1xT: the keys' positions when they are not the queries' (incremental decoding: the
+    cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
+    MultiHeadAttention's."""
     config = self.config
     key_positions_1xT = positions_1xL if key_positions_1xT is None else key_positions_1xT
-    memory_positions_1xLs = positions_1xL if memory_positions_1xLs is None else memory_positions_1xLs
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = VARIANTS[config.position.kind].layer(
@@ -75,7 +74,7 @@ class TransformerLayer(nn.Module):
           name='cross_position') if config.aligned_cross_attention else None
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
           x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, positions=cross_hooks,
-                                   q_positions_BxLq=positions_1xL, k_positions_BxLk=memory_positions_1xLs,
+                                   q_positions_BxLq=positions_1xL, k_positions_BxLk=key_positions_1xT,
                                    shared=shared, deterministic=deterministic, **cache),
           deterministic)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
@@ -107,7 +106,7 @@ class TransformerStack(nn.Module):
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
     positions_1xL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
-    key_positions_1xT, memory_positions_1xLs, cache_index = positions_1xL, positions_1xL, None
+    key_positions_1xT, cache_index = positions_1xL, None
     if use_cache:
       if not self.causal:
         raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
@@ -139,13 +138,12 @@ class TransformerStack(nn.Module):
         if memory_BxLsxD.shape[1] != target_length:
           raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
                            f'target length {target_length}; valid: aligned sequences of equal length')
-        memory_positions_1xLs = key_positions_1xT
         mask = causal_mask(length) if cache_index is None else self_mask
         memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
     # With remat, a layer's activations are recomputed in the backward pass instead of stored:
     # memory per layer falls to its inputs, for about one more forward pass of compute.
     layer_type = nn.remat(TransformerLayer, static_argnums=(7,)) if config.remat and not use_cache else TransformerLayer
-    cached_step = () if not use_cache else (key_positions_1xT, memory_positions_1xLs, use_cache, cache_index)
+    cached_step = () if not use_cache else (key_positions_1xT, use_cache, cache_index)
     for index in range(self.num_layers):
       x_BxLxD = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                            name=f'layer_{index}')(

@@ -14,8 +14,8 @@ hooks with the block's positions, shared terms (TUPE, ALiBi, shared T5) by slici
 shared pytree; terms that vanish beyond a causal band (Shaw, re-centred) only on the keys of the
 band, the keys before it folded in as a block without terms. In causal self-attention (queries and
 keys at the same positions) keys after a query block's last query are never computed: about half
-the work at long lengths. Each block's logits and
-weights are recomputed in the backward pass rather than stored.
+the work at long lengths. Each block's logits and weights are recomputed in the backward pass
+rather than stored.
 
 Key blocks: by default one block, every key a query block may see (its causal prefix), which on a
 CPU is the fastest (few, large matmuls; a compiled program that grows with L / block, not

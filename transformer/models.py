@@ -171,17 +171,23 @@ def supports_cache(model: nn.Module) -> bool:
   return isinstance(model, (EncoderDecoder, DecoderOnly))
 
 
-def _cached_decoder(model: nn.Module, params, memory_BxLsxD, source_valid_BxLs, batch: int, capacity: int):
-  """(the cache of an encoder-decoder's decoder for `capacity` target positions, and a step function
-  (cache, tokens_BxS) -> (logits_BxSxV, cache) feeding the next S positions)."""
+def _cached_steps(model: nn.Module, params, batch: int, capacity: int, *args, **kwargs):
+  """(a cache for `capacity` decoder positions, and the step function (cache, tokens_BxS) ->
+  (logits_BxSxV, cache) feeding the next S positions): model.apply(..., *args, tokens_BxS, **kwargs)
+  with use_cache, the call on `capacity` zeros creating the cache."""
   def run(cache, tokens_BxS):
     variables = params if cache is None else {**params, 'cache': cache}
-    logits, updated = model.apply(variables, memory_BxLsxD, tokens_BxS, source_valid_BxLs=source_valid_BxLs,
-                                  use_cache=True, method='decode', mutable=['cache'])
+    logits, updated = model.apply(variables, *args, tokens_BxS, use_cache=True, mutable=['cache'], **kwargs)
     return logits, updated['cache']
 
   _, cache = run(None, jnp.zeros((batch, capacity), jnp.int32))
   return cache, run
+
+
+def _cached_decoder(model: nn.Module, params, memory_BxLsxD, source_valid_BxLs, batch: int, capacity: int):
+  """_cached_steps for an encoder-decoder's decoder over this memory."""
+  return _cached_steps(model, params, batch, capacity, memory_BxLsxD, source_valid_BxLs=source_valid_BxLs,
+                       method='decode')
 
 
 def _reorder_cache(cache, parent_BxK, beam_size: int):
@@ -233,13 +239,7 @@ def decoder_only_generate(model: DecoderOnly, params, prompt_BxP, num_new_tokens
   if not (use_cache and supports_cache(model)) or num_new_tokens == 0:
     return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxP, num_new_tokens)
   batch, prompt_length = prompt_BxP.shape
-
-  def run(cache, tokens_BxS):
-    variables = params if cache is None else {**params, 'cache': cache}
-    logits, updated = model.apply(variables, tokens_BxS, use_cache=True, mutable=['cache'])
-    return logits, updated['cache']
-
-  _, cache = run(None, jnp.zeros((batch, prompt_length + num_new_tokens - 1), prompt_BxP.dtype))
+  cache, run = _cached_steps(model, params, batch, prompt_length + num_new_tokens - 1)
   logits, cache = run(cache, prompt_BxP)
   first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt_BxP.dtype)[:, None]
   rest = _greedy_through_cache(run, cache, first, num_new_tokens - 1)
