@@ -24,6 +24,8 @@ import time
 
 from absl import app, flags
 
+from experiments.flops import matmul_peak, model_flops_per_step
+
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
 _LENGTHS = flags.DEFINE_string('lengths', '256,1024', 'Comma-separated sequence lengths.')
 _BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.')
@@ -48,27 +50,6 @@ _PEER = flags.DEFINE_boolean('peer', False,
 _JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file.')
 _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "variant:length", and print its JSON.')
 _PEER_ROW = flags.DEFINE_enum('peer_row', None, ['fused', 'unfused'], 'Internal: run --row on x-transformers.')
-
-
-def model_flops_per_step(params: int, layers: int, model_dim: int, length: int, batch: int) -> float:
-  """6N per token for the dense weights (forward and backward) plus the attention matmuls,
-  12 * layers * d_model * L per token (PaLM, Chowdhery et al. 2022, appendix B)."""
-  return batch * length * (6 * params + 12 * layers * model_dim * length)
-
-
-def matmul_peak(size: int = 2048, repeats: int = 10, dtype: str = 'float32') -> float:
-  """FLOP/s of a jit-compiled matmul of this dtype on the default device: the yardstick for MFU."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32).astype(dtype)
-  matmul = jax.jit(lambda x, y: x @ y)
-  matmul(a, a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a, a).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 2 * size ** 3 / statistics.median(times)
 
 
 def run_row(variant: str, length: int) -> dict:

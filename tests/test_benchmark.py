@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from experiments import benchmark
+from experiments import benchmark, flops
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_model_flops_follow_the_palm_formula():
   # 1,000 parameters, 2 layers, width 8, length 4, batch 3: 12 tokens x (6,000 + 12 * 2 * 8 * 4)
-  assert benchmark.model_flops_per_step(1000, 2, 8, 4, 3) == 12 * (6000 + 768)
+  assert flops.model_flops_per_step(1000, 2, 8, 4, 3) == 12 * (6000 + 768)
 
 
 def test_benchmark_prints_a_table_and_writes_json(tmp_path):
@@ -103,3 +103,45 @@ def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_a
       'jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention (6)']
   assert result.stdout.splitlines()[-1].startswith('the three attention cores agree with plain attention')
   assert rows[0][-1] == '1.00x' and all(float(row[-2]) > 0 for row in rows)
+
+
+def test_matmul_benchmark_counts_the_dense_flops_of_6n_per_token():
+  batch, length, width, layers, ff, vocab = 3, 32, 16, 2, 48, 10
+  kernels = flops.step_kernels(batch, length, width, layers, 4, ff, vocab, block_size=0)
+  dense = sum(k['flops'] * k['count'] for k in kernels if k['kind'] == 'dense')
+  weights = layers * (4 * width * width + 2 * width * ff) + width * vocab
+  assert dense == 6 * weights * batch * length
+  # Attention in one block: PaLM's 12 x layers x d x L per token are the forward's two matmuls and
+  # the backward's four; the blocks recompute the logits once more, 7/6 of that.
+  attention = sum(k['flops'] * k['count'] for k in kernels if k['kind'] == 'attention')
+  assert attention * 6 == 7 * 12 * layers * width * length * batch * length
+
+
+def test_matmul_benchmark_skips_the_keys_after_each_causal_block():
+
+  def attention_flops(block_size):
+    kernels = flops.step_kernels(2, 64, 16, 1, 4, 32, 8, block_size=block_size)
+    return sum(k['flops'] * k['count'] for k in kernels if k['kind'] == 'attention')
+  # Blocks of 32 of 64 positions: the first block sees 32 keys, the second all 64, 3/4 of the square;
+  # blocks of 16: (1 + 2 + 3 + 4) / 16 = 10/16.
+  assert attention_flops(32) * 4 == attention_flops(0) * 3
+  assert attention_flops(16) * 16 == attention_flops(0) * 10
+
+
+def test_matmul_benchmark_prints_every_kernel_on_all_cores_and_on_one():
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.matmul_benchmark', '--length=16', '--batch_size=2', '--block_size=8',
+       '--model_dim=16', '--num_heads=2', '--feed_forward_dim=32', '--vocab_size=8', '--num_layers=1',
+       '--repeats=1'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  rows = lines[2:-1]
+  assert len(rows) == 15 + 2 * 6  # 5 dense layers x 3 matmuls, 2 block shapes x 6
+  assert all(float(row.split()[-1].rstrip('x')) > 0 for row in rows)
+  assert lines[-1].startswith('per step: dense matmuls') and lines[-1].endswith('MFU')
+  bad = subprocess.run([sys.executable, '-m', 'experiments.matmul_benchmark', '--model_dim=30', '--num_heads=4'],
+                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                       timeout=300)
+  assert bad.returncode != 0 and '--model_dim: got 30' in bad.stderr
