@@ -78,14 +78,29 @@ def test_beam_search_reorders_the_cache_rows_with_their_hypotheses():
   """A fake cache whose rows name their hypothesis: after the reorder each row holds its parent's."""
   batch, beam = 2, 3
   rows = jnp.arange(batch * beam, dtype=jnp.float32)
-  cache = {'layer': {'cached_key': rows[:, None, None] * jnp.ones((1, 4, 2)), 'index': jnp.array(5)},
+  cache = {'layer': {'cached_key': rows[:, None, None] * jnp.ones((1, 4, 2)), 'index': jnp.array(5),
+                     'cross_attention': {'cached_key': rows[:, None, None] * jnp.ones((1, 4, 2))}},
            'positions': jnp.arange(4)[None]}
   parent = jnp.array([[2, 2, 0], [1, 0, 1]])
   reordered = models._reorder_cache(cache, parent, beam)  # pylint: disable=protected-access
   expected = [row * beam + p for row in range(batch) for p in parent[row].tolist()]
   np.testing.assert_array_equal(reordered['layer']['cached_key'][:, 0, 0], expected)
+  # The memory's keys are the same in every beam of a source: left where they are.
+  np.testing.assert_array_equal(reordered['layer']['cross_attention']['cached_key'][:, 0, 0], rows)
   assert int(reordered['layer']['index']) == 5
   np.testing.assert_array_equal(reordered['positions'], cache['positions'])
+
+
+def test_a_real_decoder_cache_keeps_its_memory_under_cross_attention():
+  """The reorder recognises cross-attention by its module name: the encoder-decoder's cache has it."""
+  model = T.EncoderDecoder(tiny('rope'))
+  source, target = tokens(2, 5, seed=7), tokens(2, 4, seed=8)
+  params = init(model, source, target)
+  memory = model.apply(params, source, method='encode')
+  cache, _ = models._cached_decoder(model, params, memory, None, 2, 4)  # pylint: disable=protected-access
+  paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(cache)[0]]
+  assert any("['cross_attention']['cached_key']" in path for path in paths), paths
+  assert any("['self_attention']['cached_key']" in path for path in paths), paths
 
 
 def test_aligned_cross_attention_steps_give_the_whole_forward_pass():

@@ -192,14 +192,17 @@ def _cached_decoder(model: nn.Module, params, memory_BxLsxD, source_valid_BxLs, 
 
 def _reorder_cache(cache, parent_BxK, beam_size: int):
   """Every cache array's rows (batch x beam first) taken from the parent hypotheses; the scalar
-  write index stays."""
-  def gather(x):
+  write index stays, and so do cross-attention's keys and values: every beam of a source holds the
+  same memory, so gathering them would copy it unchanged at every step."""
+  def gather(path, x):
     if x.ndim == 0 or x.shape[0] != parent_BxK.shape[0] * beam_size:
+      return x
+    if any(getattr(entry, 'key', None) == 'cross_attention' for entry in path):
       return x
     by_beam = x.reshape(parent_BxK.shape[0], beam_size, *x.shape[1:])
     index = parent_BxK.reshape(parent_BxK.shape + (1,) * (by_beam.ndim - 2))
     return jnp.take_along_axis(by_beam, index, axis=1).reshape(x.shape)
-  return jax.tree_util.tree_map(gather, cache)
+  return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def greedy_decode(model: nn.Module, params, source_BxLs, *, bos_id: int, max_length: int,
