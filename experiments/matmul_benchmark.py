@@ -12,9 +12,9 @@ block is recomputed), dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q. Each 
 jit-compiled einsum, median of --repeats calls; the same kernels then run in a process pinned to
 one core, so the last column says which kernels use the second core. The summary adds each kernel's
 time times its count in a step: a step made of nothing but these matmuls, one after another at these
-rates, takes that long, and its model FLOPs (experiments.benchmark's count) over that time and the
-matmul peak give the MFU such a step would reach. An estimate, not a bound: each call alone also
-pays a dispatch, and in the real step independent thunks may overlap.
+rates, takes that long, and its model FLOPs (experiments.benchmark's count, N the weight matrices
+only) over that time and the matmul peak give the MFU such a step would reach. An estimate, not a
+bound: each call alone also pays a dispatch, and in the real step independent thunks may overlap.
 """
 
 import json
@@ -57,8 +57,9 @@ def main(argv):
                 num_heads=_HEADS.value, feed_forward_dim=_FF.value, vocab_size=_VOCAB.value,
                 block_size=_BLOCK.value)
   for name, value in config.items():
-    if value <= 0 and name != 'block_size' or value < 0:
-      sys.exit(f'error: --{name}: got {value}; valid: a positive number')
+    if value < 0 or value == 0 and name != 'block_size':
+      valid = '0 (one L x L block) or a positive number of queries' if name == 'block_size' else 'a positive number'
+      sys.exit(f'error: --{name}: got {value}; valid: {valid}')
   if _MODEL_DIM.value % _HEADS.value:
     sys.exit(f'error: --model_dim: got {_MODEL_DIM.value}, not a multiple of --num_heads={_HEADS.value}')
   kernels = step_kernels(**config)
