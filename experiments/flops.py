@@ -37,20 +37,17 @@ def step_kernels(batch: int, length: int, model_dim: int, num_layers: int, num_h
   tokens = batch * length
   kernels = []
 
-  def add(kind, name, equation, lhs, rhs, count, contracted):
-    output = 1
-    for size in _einsum_output_shape(equation, lhs, rhs):
-      output *= size
+  def add(kind, name, equation, lhs, rhs, count):
     kernels.append(dict(kind=kind, name=name, equation=equation, lhs=lhs, rhs=rhs, count=count,
-                        flops=2 * output * contracted))
+                        flops=_einsum_flops(equation, lhs, rhs)))
 
   dense = [('qkv', model_dim, 3 * model_dim, num_layers), ('output projection', model_dim, model_dim, num_layers),
            ('feed-forward in', model_dim, feed_forward_dim, num_layers),
            ('feed-forward out', feed_forward_dim, model_dim, num_layers), ('logits', model_dim, vocab_size, 1)]
   for name, inputs, outputs, count in dense:
-    add('dense', f'{name}: x W', 'ni,io->no', (tokens, inputs), (inputs, outputs), count, inputs)
-    add('dense', f'{name}: dY W^T', 'no,io->ni', (tokens, outputs), (inputs, outputs), count, outputs)
-    add('dense', f'{name}: X^T dY', 'ni,no->io', (tokens, inputs), (tokens, outputs), count, tokens)
+    add('dense', f'{name}: x W', 'ni,io->no', (tokens, inputs), (inputs, outputs), count)
+    add('dense', f'{name}: dY W^T', 'no,io->ni', (tokens, outputs), (inputs, outputs), count)
+    add('dense', f'{name}: X^T dY', 'ni,no->io', (tokens, inputs), (tokens, outputs), count)
   heads, head_dim = batch * num_heads, model_dim // num_heads
   block_size = block_size or length
   blocks = {}  # (queries, keys) -> how many query blocks of that shape
@@ -61,20 +58,23 @@ def step_kernels(batch: int, length: int, model_dim: int, num_layers: int, num_h
     count *= num_layers
     q, k, p = (heads, queries, head_dim), (heads, keys, head_dim), (heads, queries, keys)
     tag = f'{queries}x{keys}'
-    add('attention', f'attention {tag}: Q K^T (twice)', 'bqd,bkd->bqk', q, k, 2 * count, head_dim)
-    add('attention', f'attention {tag}: P V', 'bqk,bkd->bqd', p, k, count, keys)
-    add('attention', f'attention {tag}: dO V^T', 'bqd,bkd->bqk', q, k, count, head_dim)
-    add('attention', f'attention {tag}: P^T dO', 'bqk,bqd->bkd', p, q, count, queries)
-    add('attention', f'attention {tag}: dS K', 'bqk,bkd->bqd', p, k, count, keys)
-    add('attention', f'attention {tag}: dS^T Q', 'bqk,bqd->bkd', p, q, count, queries)
+    add('attention', f'attention {tag}: Q K^T (twice)', 'bqd,bkd->bqk', q, k, 2 * count)
+    add('attention', f'attention {tag}: P V', 'bqk,bkd->bqd', p, k, count)
+    add('attention', f'attention {tag}: dO V^T', 'bqd,bkd->bqk', q, k, count)
+    add('attention', f'attention {tag}: P^T dO', 'bqk,bqd->bkd', p, q, count)
+    add('attention', f'attention {tag}: dS K', 'bqk,bkd->bqd', p, k, count)
+    add('attention', f'attention {tag}: dS^T Q', 'bqk,bqd->bkd', p, q, count)
   return kernels
 
 
-def _einsum_output_shape(equation: str, lhs: tuple, rhs: tuple) -> tuple:
-  inputs, output = equation.split('->')
+def _einsum_flops(equation: str, lhs: tuple, rhs: tuple) -> int:
+  """A multiply and an add per point of the iteration space: twice the product of every label's size."""
   sizes = {}
-  for labels, shape in zip(inputs.split(','), (lhs, rhs)):
+  for labels, shape in zip(equation.split('->')[0].split(','), (lhs, rhs)):
     if len(labels) != len(shape):
       raise ValueError(f'{equation}: operand {labels} has shape {shape}')
     sizes.update(zip(labels, shape))
-  return tuple(sizes[label] for label in output)
+  flops = 2
+  for size in sizes.values():
+    flops *= size
+  return flops
