@@ -1,6 +1,24 @@
-"""Test set-up: 8 fake CPU devices for the parallelism tests, set before JAX starts."""
+"""Test set-up, before JAX starts: 8 fake CPU devices for the parallelism tests, and one compilation cache.
 
+Many tests compile the same training step more than once: a run and its restart, one process and two,
+a sweep and its resumption, each in a fresh process. JAX's persistent compilation cache lets the second
+compile of the same program load the first one's executable from disk. The cache lives in a temporary
+folder made once per `pytest` invocation (the xdist workers and every subprocess a test starts inherit
+the environment) and removed when that invocation ends. Executables are deterministic functions of the
+program and the compile options, so a hit gives the results a fresh compile gives.
+"""
+
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+if 'PYTEST_XDIST_WORKER' not in os.environ and 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _cache = tempfile.mkdtemp(prefix='jax-compilation-cache-')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+# Only programs that take a while to compile: writing every small eager op's executable costs more than it saves.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')
