@@ -40,5 +40,9 @@ def test_fully_masked_row_gives_zeros_not_nan():
   weights = softmax(logits, mask)
   np.testing.assert_array_equal(weights[0], [0.0, 0.0])
   np.testing.assert_allclose(weights[1], jax.nn.softmax(logits[1]), atol=1e-6)
-  gradient = jax.grad(lambda x: softmax(x, mask).sum())(logits)
+  readout = jnp.array([[1.0, 2.0], [3.0, 5.0]])  # weighted: a row's plain sum is 1, whose gradient is 0
+  gradient = jax.grad(lambda x: (softmax(x, mask) * readout).sum())(logits)
   assert bool(jnp.all(jnp.isfinite(gradient)))
+  np.testing.assert_array_equal(gradient[0], [0.0, 0.0])
+  expected = jax.grad(lambda x: (jax.nn.softmax(x) * readout[1]).sum())(logits[1])
+  np.testing.assert_allclose(gradient[1], expected, rtol=1e-6)
