@@ -69,8 +69,10 @@ def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, ma
 
 
 def fused_attention_preferred() -> bool:
-  """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs, where it
-  reaches cuDNN's fused kernel. Elsewhere it is the same XLA computation as
+  """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs. Called
+  without `implementation`, as here, JAX 0.10.2 runs its XLA implementation on every platform; cuDNN's
+  fused kernel only when asked for by name, for half-precision inputs (not yet measured on a GPU
+  here: issue 8). Elsewhere it is the same XLA computation as
   scaled_dot_product_attention, in a layout that runs 1.3x (length 256) to 2x (length 1024) slower
   on CPUs (`python -m experiments.attention_benchmark`, BENCHMARKS.md)."""
   return jax.default_backend() == 'gpu'
@@ -100,8 +102,8 @@ class MultiHeadAttention(nn.Module):
   `positions` (the per-layer hooks of a positional variant) enter at fixed points and never by
   name: rotate the projected queries and keys, add a logits term, set the scale, add a values term.
   On GPUs, unless something needs the weights themselves (a values term, attention dropout, or a
-  caller collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention`, which
-  reaches cuDNN's fused kernel for half-precision inputs.
+  caller collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention` (its XLA
+  implementation in JAX 0.10.2: fused_attention_preferred).
   With block_size > 0, causal attention over sequences longer than a block runs through
   blockwise_attention instead: block_size queries at a time, position terms per block, the keys
   after a block skipped; with key_block_size also bidirectional attention, by an online softmax over
