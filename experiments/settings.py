@@ -5,6 +5,7 @@ be valid.
 """
 
 import dataclasses
+import math
 import os
 import typing
 from typing import Optional
@@ -18,6 +19,7 @@ from experiments.tasks.base import TaskSettings
 PARALLEL_MODES = ('pmap', 'mesh')
 OPTIMIZERS = ('adamw', 'adam')
 SCHEDULES = ('warmup_rsqrt', 'warmup_cosine', 'constant')
+MAX_SEED = 2**31 - 1  # seed and seed + 1 (the dropout stream) must both be distinct 32-bit PRNG seeds
 
 
 class ConfigError(ValueError):
@@ -62,6 +64,8 @@ def _check_type(field: str, value, expected: type):
   if not ok:
     raise ConfigError(f'{field}: got {value!r} of type {type(value).__name__}; valid: a value of type '
                       f'{expected.__name__}')
+  if expected is float and not math.isfinite(value):
+    raise ConfigError(f'{field}: got {value!r}; valid: a finite number')
   return value
 
 
@@ -85,7 +89,7 @@ def _section(config: ml_collections.ConfigDict, prefix: str, cls, skip=()) -> di
 
 
 def _positive(field: str, value, allow_zero: bool = False):
-  if value < 0 or (value == 0 and not allow_zero):
+  if not (value > 0 or (value == 0 and allow_zero)):  # written so that NaN fails too
     raise ConfigError(f'{field}: got {value!r}; valid: a {"non-negative" if allow_zero else "positive"} number')
 
 
@@ -101,6 +105,8 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   if unknown:
     raise ConfigError(f'{unknown[0]}: unknown field; valid top-level fields: {", ".join(sorted(top))}')
   seed = _check_type('seed', config.seed, int)
+  if not 0 <= seed <= MAX_SEED:
+    raise ConfigError(f'seed: got {seed}; valid: an integer in [0, {MAX_SEED}] (JAX seeds are 32-bit)')
   parallel = _check_type('parallel', config.parallel, str)
   _one_of('parallel', parallel, PARALLEL_MODES)
 
@@ -116,13 +122,26 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
       raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}; valid: a tuple of positive integers')
   if not task.eval_lengths:
     raise ConfigError('task.eval_lengths: got (); valid: at least one length')
+  repeated = sorted({n for n in task.eval_lengths if task.eval_lengths.count(n) > 1})
+  if repeated:
+    raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}, which repeats {repeated}; valid: each '
+                      f'length once')
 
   train = TrainSettings(**_section(config.train, 'train.', TrainSettings))
   for name in ('steps', 'batch_size', 'learning_rate', 'log_every', 'eval_every', 'checkpoint_every',
                'keep_checkpoints'):
     _positive(f'train.{name}', getattr(train, name))
-  for name in ('warmup_steps', 'weight_decay', 'gradient_clip', 'epsilon'):
+  for name in ('warmup_steps', 'weight_decay'):
     _positive(f'train.{name}', getattr(train, name), allow_zero=True)
+  if not train.gradient_clip >= 0:
+    raise ConfigError(f'train.gradient_clip: got {train.gradient_clip!r}; valid: a positive global norm, or 0 '
+                      f'for no clipping')
+  if not train.epsilon > 0:
+    raise ConfigError(f'train.epsilon: got {train.epsilon!r}; valid: a positive number (Adam divides by '
+                      f'sqrt(v) + epsilon)')
+  for name in ('beta1', 'beta2'):
+    if not 0.0 <= getattr(train, name) < 1.0:
+      raise ConfigError(f'train.{name}: got {getattr(train, name)!r}; valid: a number in [0, 1)')
   _one_of('train.optimizer', train.optimizer, OPTIMIZERS)
   _one_of('train.schedule', train.schedule, SCHEDULES)
   if not 0.0 <= train.label_smoothing < 1.0:
