@@ -16,14 +16,13 @@ Writes WORKDIR/analysis/:
 
 import math
 import os
-import sys
 
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import transformer
-from experiments import checkpoints
+from experiments import checkpoints, cli
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run directory (with config.json and checkpoints).')
 _TEXT = flags.DEFINE_string('text', None, 'Input text (character-level language models).')
@@ -52,16 +51,14 @@ def _decoder_params(params, kind):
 def main(argv):
   del argv
   if not _WORKDIR.value:
-    print('error: --workdir: missing; valid: a training run directory', file=sys.stderr)
-    sys.exit(2)
+    cli.fail('--workdir: missing; valid: a training run directory')
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   try:
     config, task, params = checkpoints.load_run(_WORKDIR.value)
   except (OSError, KeyError, ValueError) as error:
-    print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
-    sys.exit(2)
+    cli.fail(str(error))
   output = os.path.join(_WORKDIR.value, 'analysis')
   os.makedirs(output, exist_ok=True)
   kind = task.settings.model_kind
@@ -73,8 +70,7 @@ def main(argv):
     vocabulary = data.load('train')[1]
     unknown = sorted({c for c in _TEXT.value if c not in vocabulary})
     if unknown:
-      print(f'error: --text: characters {unknown} are not in the vocabulary', file=sys.stderr)
-      sys.exit(2)
+      cli.fail(f'--text: characters {unknown} are not in the vocabulary')
     ids = np.asarray([[task.bos] + [vocabulary.index(c) for c in _TEXT.value]], np.int32)  # as in training
     batch = dict(inputs=ids, valid=np.ones_like(ids, bool))
   else:
@@ -168,4 +164,4 @@ def _save(figure, output, name, plt):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

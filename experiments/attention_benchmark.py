@@ -17,12 +17,13 @@ time. The ratio is to plain.
 import statistics
 import time
 
-from absl import app, flags
+from absl import flags
 import jax
 import jax.numpy as jnp
 
 from transformer import attention, blockwise, masks
 from transformer.positions import relative, shaw, t5
+from experiments import cli
 
 _LENGTH = flags.DEFINE_integer('length', 1024, 'Sequence length.')
 _BATCH = flags.DEFINE_integer('batch_size', 4, 'Sequences.')
@@ -127,4 +128,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -22,8 +22,9 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from experiments.flops import matmul_peak, model_flops_per_step
 
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
@@ -124,14 +125,14 @@ def main(argv):
   variants = list(transformer.VARIANTS) if _POSITIONS.value == 'all' else _POSITIONS.value.split(',')
   unknown = [v for v in variants if v not in transformer.VARIANTS]
   if unknown:
-    sys.exit(f'error: --positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}')
+    cli.fail(f'--positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}')
   lengths = [int(n) for n in _LENGTHS.value.split(',')]
   if _PEER.value:
     from experiments import peer  # pylint: disable=g-import-not-at-top
     if not peer.peer_available():
-      sys.exit(f'error: {peer.INSTALL_HINT}')
+      cli.fail(peer.INSTALL_HINT)
     if _DTYPE.value != 'float32' or _REMAT.value:
-      sys.exit('error: --peer compares the float32 reference step; drop --compute_dtype and --remat')
+      cli.fail('--peer compares the float32 reference step; drop --compute_dtype and --remat')
   peak = matmul_peak(dtype=_DTYPE.value)
   passthrough = [a for a in sys.argv[1:] if not a.startswith(('--positions', '--lengths', '--json', '--peer'))]
 
@@ -212,4 +213,4 @@ def print_peer_table(rows: list, peer_rows: list, peak: float) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

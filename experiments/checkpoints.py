@@ -1,16 +1,20 @@
 """Checkpoints with orbax's CheckpointManager under WORKDIR/checkpoints: atomic saves (written to a
 temporary directory, renamed when complete), the last K kept, the newest restorable one resumed.
 
-A checkpoint that cannot be restored (a kill during a copy, a damaged disk) is moved, never deleted,
-to WORKDIR/checkpoints.unreadable/ with a warning, and the next older one is tried. A checkpoint
-whose shapes differ from the config's is an error that leaves the checkpoint untouched.
+Each finished checkpoint gets a digest, WORKDIR/checkpoints.digests/<step>.json: the SHA-256 of every
+file orbax wrote, and what the checkpoint covers (the metrics records written up to it, see
+experiments/metrics.py). A restore checks the digest first. A checkpoint that cannot be used (its
+bytes changed, a kill during a copy, a damaged disk, or metrics that no longer hold what it covers)
+is moved, never deleted, to WORKDIR/checkpoints.unreadable/ with a warning, and the next older one
+is tried. A checkpoint whose shapes differ from the config's is an error that leaves it untouched.
 """
 
 import json
 import os
 import shutil
+import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +23,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 import transformer
+from experiments.files import sha256_of_file, write_json_atomically
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
 
@@ -27,48 +32,124 @@ class CheckpointMismatch(ValueError):
   """The checkpoint on disk was written by a config with other shapes."""
 
 
+def _ignore_closed_event_loop() -> None:
+  """When orbax's restore fails part-way, tensorstore reads still in flight complete into the asyncio
+  loop orbax has already closed, and each callback's RuntimeError('Event loop is closed') reaches
+  sys.unraisablehook, which prints it as a bare traceback: dozens for one damaged checkpoint. They
+  carry nothing (the restore's own exception does): this hook drops exactly those, passes on the rest."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'drops_closed_event_loop', False):
+    return
+
+  def hook(unraisable):
+    if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == 'Event loop is closed':
+      return
+    previous(unraisable)
+
+  hook.drops_closed_event_loop = True
+  sys.unraisablehook = hook
+
+
+def file_digests(directory: str) -> dict:
+  """{path relative to directory: SHA-256} of every file under it."""
+  found = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      found[os.path.relpath(path, directory)] = sha256_of_file(path)
+  return found
+
+
+def changed_files(directory: str, digest: dict) -> list[str]:
+  """The files whose bytes differ from the digest, or that are missing or new."""
+  found = file_digests(directory)
+  return sorted(n for n in set(found) | set(digest['files']) if found.get(n) != digest['files'].get(n))
+
+
 class Checkpoints:
 
-  def __init__(self, workdir: str, keep: int):
+  def __init__(self, workdir: str, keep: int, primary: bool = True):
     self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     self.unreadable = self.directory + '.unreadable'
-    self.keep = keep
+    self.digests = self.directory + '.digests'
+    self.keep, self.primary = keep, primary
     self.manager = self._open()
 
   def _open(self):
     options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True, enable_async_checkpointing=False)
     return ocp.CheckpointManager(self.directory, options=options)
 
-  def save(self, step: int, host_state) -> None:
-    """host_state: a pytree of numpy arrays (one copy, from Placement.host_state)."""
+  def _digest_path(self, step: int) -> str:
+    return os.path.join(self.digests, f'{step}.json')
+
+  def save(self, step: int, host_state, covers: Optional[dict] = None) -> None:
+    """host_state: a pytree of numpy arrays (one copy, from Placement.host_state). covers: what the
+    checkpoint covers (the metrics' coverage), already on disk; stored in its digest."""
     if step in self.manager.all_steps():
       return
     self.manager.save(step, args=ocp.args.StandardSave(_as_tree(host_state)), force=True)
     self.manager.wait_until_finished()
+    if self.primary:
+      os.makedirs(self.digests, exist_ok=True)
+      write_json_atomically(self._digest_path(step), dict(
+          step=step, files=file_digests(os.path.join(self.directory, str(step))), covers=covers))
+      for name in os.listdir(self.digests):  # digests of the checkpoints orbax no longer keeps
+        if name.endswith('.json') and name[:-5].isdigit() and int(name[:-5]) not in self.manager.all_steps():
+          os.remove(os.path.join(self.digests, name))
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def restore_latest(self, template_state) -> tuple[Optional[int], object]:
-    """(step, state) of the newest checkpoint that restores; (None, template) when there is none."""
+  def digest(self, step: int) -> Optional[dict]:
+    path = self._digest_path(step)
+    if not os.path.exists(path):
+      return None
+    try:
+      with open(path) as file:
+        return json.load(file)
+    except (OSError, ValueError):
+      return {'files': {}, 'unreadable': True}
+
+  def restore_latest(self, template_state, still_valid: Callable[[dict], Optional[str]] = lambda covers: None
+                     ) -> tuple[Optional[int], object, Optional[dict]]:
+    """(step, state, covers) of the newest checkpoint that restores and is intact; (None, template,
+    None) when there is none. still_valid(covers) says why a checkpoint can no longer be resumed
+    (None: it can)."""
     for step in sorted(self.manager.all_steps(), reverse=True):
+      digest = self.digest(step)
+      if digest is None:
+        logging.warning('checkpoint at step %d has no digest (written before digests, or cut before its digest '
+                        'was); restoring it unverified', step)
+      else:
+        changed = ['the digest file itself'] if digest.get('unreadable') else changed_files(
+            os.path.join(self.directory, str(step)), digest)
+        if changed:
+          self._set_aside(step, f'its bytes changed since it was written: {", ".join(changed[:3])}')
+          continue
+        reason = still_valid(digest['covers']) if still_valid and digest.get('covers') is not None else None
+        if reason:
+          self._set_aside(step, reason)
+          continue
+      _ignore_closed_event_loop()
       try:
         restored = self.manager.restore(step, args=ocp.args.StandardRestore(_as_tree(template_state)))
       except Exception as error:  # pylint: disable=broad-except
-        self._set_aside(step, error)
+        self._set_aside(step, ' '.join(str(error).split())[:200] or type(error).__name__)
         continue
       _check_shapes(restored, _as_tree(template_state), step, self.directory)
-      return step, template_state.replace(**restored)
-    return None, template_state
+      return step, template_state.replace(**restored), (digest or {}).get('covers')
+    return None, template_state, None
 
-  def _set_aside(self, step: int, error: Exception) -> None:
-    os.makedirs(self.unreadable, exist_ok=True)
+  def _set_aside(self, step: int, reason: str) -> None:
     destination = os.path.join(self.unreadable, f'{step}-{int(time.time())}')
-    shutil.move(os.path.join(self.directory, str(step)), destination)
+    if self.primary:
+      os.makedirs(self.unreadable, exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), destination)
+      if os.path.exists(self._digest_path(step)):
+        shutil.move(self._digest_path(step), destination + '.digest.json')
     self.manager.close()
     self.manager = self._open()
-    reason = ' '.join(str(error).split())[:200] or type(error).__name__
-    logging.warning('checkpoint at step %d cannot be restored (%s); moved to %s, trying an older one',
+    logging.warning('checkpoint at step %d cannot be used (%s); moved to %s, trying an older one',
                     step, reason, destination)
 
   def close(self) -> None:
@@ -94,17 +175,29 @@ def _check_shapes(restored, template, step: int, directory: str) -> None:
 
 
 def load_run(workdir: str):
-  """(model config, task, params) of the newest checkpoint."""
-  with open(os.path.join(workdir, 'config.json')) as file:
-    resolved = json.load(file)
+  """(model config, task, params) of the newest checkpoint, under the run's configuration (config.json
+  with its recorded changes). A checkpoint whose bytes no longer match its digest is a ValueError."""
+  from experiments import run_record  # pylint: disable=g-import-not-at-top
+  resolved = run_record.stored_config(workdir)
+  if resolved is None:
+    raise FileNotFoundError(f'{workdir}/{run_record.CONFIG_FILE}: missing; valid: the --workdir of a training run')
   model_fields = dict(resolved['model'])
   model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
                                          **model_fields)
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
   task = TASKS[task_fields['name']](TaskSettings(**task_fields))
-  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')))
+  directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+  manager = ocp.CheckpointManager(directory)
   step = manager.latest_step()
   if step is None:
     raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to analyse; train the run first')
+  digest_path = os.path.join(directory + '.digests', f'{step}.json')
+  if os.path.exists(digest_path):
+    with open(digest_path) as file:
+      changed = changed_files(os.path.join(directory, str(step)), json.load(file))
+    if changed:
+      raise ValueError(f'{directory}/{step}: its bytes changed since it was written ({", ".join(changed[:3])}); '
+                       f'restart the training command on {workdir}, which sets it aside and resumes from an '
+                       f'older one')
   params = manager.restore(step, args=ocp.args.StandardRestore())['params']
   return model_config, task, jax.tree_util.tree_map(jnp.asarray, params)

@@ -6,22 +6,34 @@
 --baselines adds recurrent models (model.architecture lstm or rnn) as rows of the same table, trained
 on the same task, budget and seeds.
 
-Each run trains in its own subprocess in WORKDIR/<variant>-seed<k> (so one failure cannot take
-the sweep down); runs that finished (summary.json) are skipped, so an interrupted sweep resumes
-where it stopped. Then every metrics.jsonl is aggregated into results.csv and results.md (mean and
-standard deviation over seeds, per variant and evaluation length; failed runs with their error)
-and plots are written beside them.
+Before anything trains, every run's configuration is resolved and validated here, and every run
+directory that exists already is checked against it (experiments/run_record.py): a run of another
+configuration is refused, one line per field, and nothing is launched. Each run then trains in its own
+subprocess in WORKDIR/<variant>-seed<k> (so one failure cannot take the sweep down; its output is
+appended to the run's train.log); a run that finished with exactly the requested configuration is
+skipped, so an interrupted sweep resumes where it stopped. SIGTERM or Ctrl-C is passed on to the
+running child, which checkpoints and exits; compare then exits 0 and a rerun resumes. A child whose
+parent dies is sent SIGTERM (Linux), so none is left behind. Then every metrics.jsonl is aggregated
+into results.csv and results.md (mean and standard deviation over seeds, per variant and evaluation
+length; failed runs with their error) and plots are written beside them. Exit code 0 when every run
+finished, 1 when some failed, 2 for a refusal.
 """
 
+from experiments.signals import STOP  # first: a stop signal during the imports below exits cleanly too
+
+STOP.install()
+
+import copy
 import os
+import signal
 import subprocess
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from experiments import results
+from experiments import cli, results, run_record, signals
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
@@ -30,21 +42,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
 _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
                                  'variants: lstm, rnn.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
-
-
-def fail(message: str) -> None:
-  print(f'error: {message}', file=sys.stderr)
-  sys.exit(2)
-
-
-def _config_argument(argv) -> str:
-  return next(a.split('=', 1)[1] for a in argv if a.startswith('--config='))
-
-
-def _overrides(argv) -> list[str]:
-  return [a for a in argv if a.startswith('--config.') and not a.startswith(('--config.model.position.kind=',
-                                                                              '--config.model.architecture=',
-                                                                              '--config.seed='))]
+SET_BY_THE_SWEEP = {'seed': '--seeds', 'model.position.kind': '--positions', 'model.architecture': '--baselines'}
 
 
 def variants_from_flag(value: str) -> list[str]:
@@ -53,8 +51,8 @@ def variants_from_flag(value: str) -> list[str]:
     return list(transformer.VARIANTS)
   chosen = [v.strip() for v in value.split(',') if v.strip()]
   unknown = [v for v in chosen if v not in transformer.VARIANTS]
-  if unknown or not chosen:
-    raise ValueError(f'--positions: got {value!r}; valid: all, or a comma-separated list of '
+  if unknown or not chosen or len(set(chosen)) < len(chosen):
+    raise ValueError(f'--positions: got {value!r}; valid: all, or a comma-separated list (each once) of '
                      f'{", ".join(transformer.VARIANTS)}')
   return chosen
 
@@ -62,70 +60,173 @@ def variants_from_flag(value: str) -> list[str]:
 def baselines_from_flag(value: str) -> list[str]:
   chosen = [b.strip() for b in value.split(',') if b.strip()]
   unknown = [b for b in chosen if b not in RECURRENT_BASELINES]
-  if unknown:
-    raise ValueError(f'--baselines: got {value!r}; valid: empty, or a comma-separated list of '
+  if unknown or len(set(chosen)) < len(chosen):
+    raise ValueError(f'--baselines: got {value!r}; valid: empty, or a comma-separated list (each once) of '
                      f'{", ".join(RECURRENT_BASELINES)}')
   return chosen
 
 
-def row_flag(row: str) -> str:
-  """The override that makes a run of this row: a recurrent baseline's architecture, or a positional
-  variant of the Transformer."""
+def override_value(value) -> str:
+  """A config value written as --config.FIELD=VALUE parses it back."""
+  if isinstance(value, bool):
+    return 'true' if value else 'false'
+  if isinstance(value, (tuple, list)):
+    return repr(tuple(value))
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def child_overrides(config, argv) -> list[str]:
+  """The command line's overrides, each as --config.FIELD=VALUE with the value this process parsed, so
+  the children see exactly the configuration checked here (whatever form the command line used)."""
+  arguments = []
+  for name in dict.fromkeys(cli.override_names(argv)):
+    if name in SET_BY_THE_SWEEP:
+      raise cli.CommandError(f'--config.{name}: set per run by {SET_BY_THE_SWEEP[name]} in a sweep; valid: drop '
+                             f'it and use {SET_BY_THE_SWEEP[name]}')
+    value = config
+    for part in name.split('.'):
+      value = value[part]
+    arguments.append(f'--config.{name}={override_value(value)}')
+  return arguments
+
+
+def row_config(config, row: str, seed: int):
+  """The configuration of one run: the sweep's, with this row's variant (or baseline) and seed."""
+  config = copy.deepcopy(config)
   if row in RECURRENT_BASELINES:
-    return f'--config.model.architecture={row}'
-  return f'--config.model.position.kind={row}'
+    config.model.architecture = row
+  else:
+    config.model.position.kind = row
+  config.seed = seed
+  return config
 
 
-def run_one(config_argument: str, overrides: list[str], row: str, seed: int, workdir: str) -> tuple[bool, str]:
-  """Trains one run in a subprocess. Returns (ok, the last line of its error output)."""
-  command = [sys.executable, '-m', 'experiments.train', f'--config={config_argument}', f'--workdir={workdir}',
-             row_flag(row), f'--config.seed={seed}', *overrides]
+def row_flags(row: str, seed: int) -> list[str]:
+  field = 'model.architecture' if row in RECURRENT_BASELINES else 'model.position.kind'
+  return [f'--config.{field}={row}', f'--config.seed={seed}']
+
+
+def run_one(command: list[str], workdir: str, stop) -> tuple[str, str]:
+  """Trains one run in a subprocess: ('ok' | 'failed' | 'stopped', the reason of a failure)."""
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'train.log'), 'w') as log:
-    completed = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-  if completed.returncode == 0 and os.path.exists(os.path.join(workdir, results.SUMMARY_FILE)):
-    return True, ''
-  with open(os.path.join(workdir, 'train.log')) as log:
-    return False, f'exit code {completed.returncode}: {results.error_line(log.read().splitlines())}'
+  log_path = os.path.join(workdir, 'train.log')
+  with open(log_path, 'a') as log:
+    log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(command)}\n')
+    log.flush()
+    log_start = log.tell()
+    environment = dict(os.environ, **{signals.PARENT_VARIABLE: str(os.getpid())})
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
+    forwarded = False
+    while process.poll() is None:
+      if stop.requested and not forwarded:
+        process.send_signal(getattr(signal, stop.requested))
+        forwarded = True
+      time.sleep(0.1)
+  if stop.requested:
+    return 'stopped', ''
+  if process.returncode == 0 and os.path.exists(os.path.join(workdir, run_record.SUMMARY_FILE)):
+    return 'ok', ''
+  with open(log_path) as log:
+    log.seek(log_start)
+    return 'failed', f'exit code {process.returncode}: {results.error_line(log.read().splitlines())}'
+
+
+def resolve(rows: list, seeds: int) -> dict:
+  """{run name: its resolved configuration}, every run validated; a bad one is a CommandError naming it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from experiments import settings  # pylint: disable=g-import-not-at-top
+  resolved = {}
+  for row in rows:
+    for seed in range(seeds):
+      name = results.run_name(row, seed)
+      try:
+        experiment = settings.from_config_dict(row_config(_CONFIG.value, row, seed), jax.device_count())
+      except settings.ConfigError as error:
+        raise cli.CommandError(f'{name}: {error}') from None
+      resolved[name] = run_record.canonical(settings.to_dict(experiment))
+  return resolved
+
+
+def refusals(sweep: str, resolved: dict) -> list[str]:
+  """One line per field in which an existing run differs from what this sweep asks of it."""
+  lines = []
+  for name, requested in resolved.items():
+    workdir = os.path.join(sweep, name)
+    stored = run_record.stored_config(workdir)
+    if stored is not None:
+      lines += [f'{name}: {line}' for line in run_record.refusals(workdir, stored, requested)]
+  return lines
 
 
 def main(argv):
+  del argv
   if _CONFIG.value is None or not _WORKDIR.value:
-    fail('--config and --workdir are required, e.g. --config=configs/algorithmic.py:copy --workdir=runs/copy')
+    cli.fail('--config and --workdir are required, e.g. --config=configs/algorithmic.py:copy --workdir=runs/copy')
   if _SEEDS.value < 1:
-    fail(f'--seeds: got {_SEEDS.value}; valid: a positive integer')
+    cli.fail(f'--seeds: got {_SEEDS.value}; valid: a positive integer')
   try:
-    variants = variants_from_flag(_POSITIONS.value) + baselines_from_flag(_BASELINES.value)
+    rows = variants_from_flag(_POSITIONS.value) + baselines_from_flag(_BASELINES.value)
   except ValueError as error:
-    fail(str(error))
-  config_argument, overrides = _config_argument(sys.argv), _overrides(sys.argv)
-  runs = [(v, s) for v in variants for s in range(_SEEDS.value)]
+    cli.fail(str(error))
+  overrides = child_overrides(_CONFIG.value, sys.argv)
+  config_file = cli.config_argument(sys.argv)
+  from experiments import settings  # pylint: disable=g-import-not-at-top
+  try:
+    settings.check_workdir(_WORKDIR.value)
+  except settings.ConfigError as error:
+    cli.fail(str(error))
+  resolved = resolve(rows, _SEEDS.value)
+  lines = refusals(_WORKDIR.value, resolved)
+  if lines:
+    for line in lines:
+      print(f'error: {line}', file=sys.stderr)
+    sys.exit(2)
+
+  runs = [(row, seed) for row in rows for seed in range(_SEEDS.value)]
   os.makedirs(_WORKDIR.value, exist_ok=True)
   failures = results.read_failures(_WORKDIR.value)
   started = time.time()
-  for index, (variant, seed) in enumerate(runs):
-    name = results.run_name(variant, seed)
-    workdir = os.path.join(_WORKDIR.value, name)
-    prefix = f'[{index + 1}/{len(runs)}] {name}'
-    if results.finished(workdir):
-      logging.info('%s: finished earlier, skipped', prefix)
-      failures.pop(name, None)
-      continue
-    logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
-    ok, error = run_one(config_argument, overrides, variant, seed, workdir)
-    if ok:
-      failures.pop(name, None)
-    else:
-      failures[name] = error
-      logging.warning('%s: FAILED: %s', prefix, error)
-    results.write_failures(_WORKDIR.value, failures)
-  table = results.aggregate(_WORKDIR.value, variants, _SEEDS.value)
-  this_sweep = {results.run_name(variant, seed) for variant, seed in runs}
-  written = results.write_tables(_WORKDIR.value, table, {n: e for n, e in failures.items() if n in this_sweep})
-  written += results.plot(_WORKDIR.value, table)
+  with STOP.deferred() as stop:
+    for index, (row, seed) in enumerate(runs):
+      name = results.run_name(row, seed)
+      workdir = os.path.join(_WORKDIR.value, name)
+      prefix = f'[{index + 1}/{len(runs)}] {name}'
+      if run_record.is_finished(workdir, resolved[name]):
+        logging.info('%s: finished earlier with this configuration, skipped', prefix)
+        failures.pop(name, None)
+        continue
+      logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
+      command = [sys.executable, '-m', 'experiments.train', f'--config={config_file}', f'--workdir={workdir}',
+                 *overrides, *row_flags(row, seed)]
+      outcome, error = run_one(command, workdir, stop)
+      if outcome == 'stopped':
+        logging.warning('%s received: %s stopped at its checkpoint; rerun the same command to resume',
+                        stop.requested, name)
+        sys.exit(0)
+      if outcome == 'ok' and not run_record.is_finished(workdir, resolved[name]):
+        outcome, error = 'failed', 'the run finished, but its stored configuration is not the one requested'
+      if outcome == 'ok':
+        failures.pop(name, None)
+      else:
+        failures[name] = error
+        logging.warning('%s: FAILED: %s', prefix, error)
+      results.write_failures(_WORKDIR.value, failures)
+    try:
+      table = results.aggregate(_WORKDIR.value, rows, _SEEDS.value, expected=resolved)
+    except results.ResultsError as error:
+      cli.fail(str(error))
+    this_sweep = {results.run_name(row, seed) for row, seed in runs}
+    failed = {n: e for n, e in failures.items() if n in this_sweep}
+    written = results.write_tables(_WORKDIR.value, table, failed)
+    written += results.plot(_WORKDIR.value, table)
+  with open(os.path.join(_WORKDIR.value, 'results.md')) as file:
+    print(file.read())
+  if failed:
+    logging.warning('sweep done in %.0f s with %d of %d runs failed; wrote %s', time.time() - started, len(failed),
+                    len(runs), ', '.join(written))
+    sys.exit(1)
   logging.info('sweep done in %.0f s; wrote %s', time.time() - started, ', '.join(written))
-  print(open(os.path.join(_WORKDIR.value, 'results.md')).read())
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -8,13 +8,12 @@ WORKDIR/greedy_exact_match.json.
 """
 
 import os
-import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 import transformer
-from experiments import checkpoints, decoding
+from experiments import checkpoints, cli, decoding
 from experiments.files import write_json_atomically
 from experiments.tasks.algorithmic import AlgorithmicTask
 
@@ -34,8 +33,7 @@ def main(argv):
                        'task whose every output is scored (copy, reverse, sort, addition, parity)')
     lengths = decoding.parse_lengths(_LENGTHS.value or f'1-{task.settings.max_length}')
   except (OSError, KeyError, ValueError) as error:
-    print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
-    sys.exit(2)
+    cli.fail(str(error))
   model = transformer.build_model(config, task.settings.model_kind)
   rates = {}
   print(f'{"size":>6} {"greedy exact match":>20}')
@@ -49,4 +47,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -1,16 +1,48 @@
-"""Atomic file writes: a reader (or a restart after a kill) sees the old file or the new one, never
-half of one. Written to PATH.tmp, then renamed over PATH."""
+"""Durable file writes. An atomic write leaves a reader (or a restart after a kill or a power loss) the
+old file or the new one, never half of one: written to PATH.tmp, fsynced, renamed over PATH, and the
+rename fsynced through the directory. An appended line is fsynced before the call returns."""
 
+import hashlib
 import json
 import os
 
 
-def write_text_atomically(path: str, text: str) -> None:
+def _sync_directory(path: str) -> None:
+  descriptor = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+  try:
+    os.fsync(descriptor)
+  finally:
+    os.close(descriptor)
+
+
+def write_bytes_atomically(path: str, data: bytes) -> None:
   temporary = path + '.tmp'
-  with open(temporary, 'w', newline='') as file:
-    file.write(text)
+  with open(temporary, 'wb') as file:
+    file.write(data)
+    file.flush()
+    os.fsync(file.fileno())
   os.replace(temporary, path)
+  _sync_directory(path)
+
+
+def write_text_atomically(path: str, text: str) -> None:
+  write_bytes_atomically(path, text.encode('utf-8'))
 
 
 def write_json_atomically(path: str, payload) -> None:
   write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=True))
+
+
+def append_line_durably(path: str, line: str) -> None:
+  with open(path, 'a') as file:
+    file.write(line.rstrip('\n') + '\n')
+    file.flush()
+    os.fsync(file.fileno())
+
+
+def sha256_of_file(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as file:
+    for block in iter(lambda: file.read(1 << 20), b''):
+      digest.update(block)
+  return digest.hexdigest()

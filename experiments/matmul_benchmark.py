@@ -22,8 +22,9 @@ import os
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from experiments.flops import matmul_peak, median_seconds, model_flops_per_step, step_kernels
 
 _LENGTH = flags.DEFINE_integer('length', 256, 'Sequence length.')
@@ -59,9 +60,9 @@ def main(argv):
   for name, value in config.items():
     if value < 0 or value == 0 and name != 'block_size':
       valid = '0 (one L x L block) or a positive number of queries' if name == 'block_size' else 'a positive number'
-      sys.exit(f'error: --{name}: got {value}; valid: {valid}')
+      cli.fail(f'--{name}: got {value}; valid: {valid}')
   if _MODEL_DIM.value % _HEADS.value:
-    sys.exit(f'error: --model_dim: got {_MODEL_DIM.value}, not a multiple of --num_heads={_HEADS.value}')
+    cli.fail(f'--model_dim: got {_MODEL_DIM.value}, not a multiple of --num_heads={_HEADS.value}')
   kernels = step_kernels(**config)
   if _ONE_CORE.value:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before JAX starts its thread pools
@@ -72,7 +73,7 @@ def main(argv):
                            *[a for a in sys.argv[1:] if not a.startswith('--one_core')]],
                           capture_output=True, text=True, check=False)
   if result.returncode != 0:
-    sys.exit(f'error: the one-core run failed: {(result.stderr.strip().splitlines() or ["no output"])[-1]}')
+    cli.fail(f'the one-core run failed: {(result.stderr.strip().splitlines() or ["no output"])[-1]}')
   one_core = json.loads(result.stdout.strip().splitlines()[-1])
   peak = every_core['peak']
   print(f'matmuls of one training step, batch {_BATCH.value} x length {_LENGTH.value}, attention blocks of '
@@ -99,4 +100,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -7,9 +7,10 @@ import json
 import math
 import os
 import re
+from typing import Optional
 
+from experiments import run_record
 from experiments.files import write_json_atomically, write_text_atomically
-from experiments.trainer import SUMMARY_FILE
 
 FAILURES_FILE = 'failures.json'
 EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
@@ -41,8 +42,12 @@ def run_name(variant: str, seed: int) -> str:
   return f'{variant}-seed{seed}'
 
 
+class ResultsError(ValueError):
+  """A run cannot be tabulated as it is (damaged metrics, another configuration): one line."""
+
+
 def finished(workdir: str) -> bool:
-  return os.path.exists(os.path.join(workdir, SUMMARY_FILE))
+  return run_record.is_finished(workdir)
 
 
 def read_failures(sweep: str) -> dict:
@@ -67,21 +72,37 @@ class Table:
 
 
 def _records(workdir: str) -> list:
-  with open(os.path.join(workdir, 'metrics.jsonl')) as file:
-    return [json.loads(line) for line in file]
+  path = os.path.join(workdir, 'metrics.jsonl')
+  records = []
+  with open(path) as file:
+    for number, line in enumerate(file, 1):
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        raise ResultsError(f'{path}: line {number} is not a JSON record ({line[:60]!r}); move the run aside and '
+                           f'run the sweep again to retrain it') from None
+  return records
 
 
-def aggregate(sweep: str, variants: list, seeds: int) -> Table:
+def aggregate(sweep: str, variants: list, seeds: int, expected: Optional[dict] = None) -> Table:
+  """Every finished run of the sweep. expected: {run name: configuration}; a finished run whose stored
+  configuration differs from it is a ResultsError, so a table never mixes configurations."""
   values, baselines, curves, finished_seeds = {}, {}, {}, {}
   lengths, metrics, training_length = set(), set(), 0
   for variant in variants:
     values[variant], curves[variant], finished_seeds[variant] = {}, [], 0
     for seed in range(seeds):
-      workdir = os.path.join(sweep, run_name(variant, seed))
+      name = run_name(variant, seed)
+      workdir = os.path.join(sweep, name)
       if not finished(workdir):
         continue
+      stored = run_record.stored_config(workdir)
+      if expected is not None and run_record.differences(stored, expected[name]):
+        field, (old, new) = next(iter(run_record.differences(stored, expected[name]).items()))
+        raise ResultsError(f'{name}: its configuration differs from the sweep\'s ({field}: {old!r} there, {new!r} '
+                           f'asked for); the table would mix configurations')
       finished_seeds[variant] += 1
-      training_length = json.load(open(os.path.join(workdir, 'config.json')))['task']['max_length']
+      training_length = stored['task']['max_length']
       records = _records(workdir)
       final_step = max(r['step'] for r in records if r['split'] == 'eval')
       for record in records:

@@ -5,7 +5,6 @@ import contextlib
 import functools
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -16,49 +15,28 @@ import numpy as np
 from absl import logging
 
 import transformer
-from experiments import training
+from experiments import metrics as metrics_file
+from experiments import run_record, training
 from experiments.checkpoints import Checkpoints
 from experiments.evaluation import evaluate
 from experiments.files import write_json_atomically
-from experiments.metrics import MetricsWriter
 from experiments.parallel import Placement
+from experiments.run_record import SUMMARY_FILE
 from experiments.settings import Experiment, evaluation_width_cap, to_dict
+from experiments.signals import STOP
 from experiments.tasks import TASKS
-
-
-SUMMARY_FILE = 'summary.json'
 
 
 class NonFiniteLoss(RuntimeError):
   pass
 
 
-class _StopRequest:
-  """Turns SIGTERM and SIGINT into a flag the loop checks after each step."""
-
-  def __init__(self):
-    self.signal_name = None
-    self._previous = {}
-
-  def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      try:
-        self._previous[sig] = signal.signal(sig, self._handle)
-      except ValueError:  # not the main thread: leave signals alone
-        pass
-    return self
-
-  def _handle(self, signum, frame):
-    del frame
-    self.signal_name = signal.Signals(signum).name
-
-  def __exit__(self, *exc):
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-
 class WorkdirBusy(RuntimeError):
   """Another live run holds this workdir."""
+
+
+class WorkdirUnusable(RuntimeError):
+  """The workdir cannot be created or written."""
 
 
 class _WorkdirLock:
@@ -117,39 +95,68 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
         devices: Optional[list] = None) -> dict:
   """Train (or resume) to experiment.train.steps. Returns the last evaluation's records by length.
 
-  devices: every device by default; tests pass a subset to compare device counts in one process.
+  A workdir that holds a run of another configuration is refused (run_record.RunMismatch) before
+  anything is written. SIGTERM/SIGINT: a checkpoint at the current step, then return; before the first
+  step, experiments.signals.Interrupted. devices: every device by default; tests pass a subset to
+  compare device counts in one process.
   """
   primary = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
-  lock = _WorkdirLock(workdir) if primary else contextlib.nullcontext()
-  with lock:
-    return _run_locked(experiment, workdir, primary, wrap_train_step, devices)
+  with STOP.deferred() as stop:
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      lock = _WorkdirLock(workdir) if primary else contextlib.nullcontext()
+    except OSError as error:
+      raise WorkdirUnusable(f'workdir: got {workdir!r}; cannot create or write it: {error.strerror or error}') from None
+    with lock:
+      return _run_locked(experiment, workdir, primary, wrap_train_step, devices, stop)
 
 
-def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
+def _run_locked(experiment, workdir, primary, wrap_train_step, devices, stop) -> dict:
+  changes = run_record.open_run(workdir, to_dict(experiment), primary)
+  stop.check()
   logging.info('devices: %d (%s), parallel=%s', len(devices or jax.devices()), jax.default_backend(),
                experiment.parallel)
-  if primary:
-    write_json_atomically(os.path.join(workdir, 'config.json'), to_dict(experiment))
 
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
   placement = Placement(experiment.parallel, devices)
-  checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints)
-  host_state = jax.device_get(training.create_train_state(experiment, model, task))
-  start_step, host_state = checkpoints.restore_latest(host_state)
-  start_step = start_step or 0
-  summary_path = os.path.join(workdir, SUMMARY_FILE)
-  if start_step >= experiment.train.steps and os.path.exists(summary_path):
-    logging.info('the run finished earlier (step %d); nothing to do', start_step)
+  checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, primary)
+  try:
+    host_state = jax.device_get(training.create_train_state(experiment, model, task))
+    stop.check()
+    start_step, host_state, covered = checkpoints.restore_latest(
+        host_state, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None)
+    start_step = start_step or 0
+    if primary:
+      run_record.record_changes(workdir, changes, start_step)
+      for name, (old, new) in changes.items():
+        logging.warning('resuming with %s changed from %r to %r (recorded in %s)', name, old, new,
+                        run_record.CHANGES_FILE)
+    summary_path = os.path.join(workdir, SUMMARY_FILE)
+    if start_step >= experiment.train.steps and os.path.exists(summary_path):
+      logging.info('the run finished earlier (step %d); nothing to do', start_step)
+      with open(summary_path) as file:
+        return {int(length): record for length, record in json.load(file)['evaluation'].items()}
+  except BaseException:
     checkpoints.close()
-    with open(summary_path) as file:
-      return {int(length): record for length, record in json.load(file)['evaluation'].items()}
+    raise
   if start_step:
     logging.info('resuming from the checkpoint at step %d', start_step)
   # A run killed between its final checkpoint and summary.json evaluates again: drop that evaluation.
   final_evaluation_pending = start_step >= experiment.train.steps
-  metrics = MetricsWriter(workdir, primary, start_step, drop_evaluation_at_resume=final_evaluation_pending)
+  if primary:
+    metrics_file.restore(workdir, start_step, covered, drop_evaluation_at_step=final_evaluation_pending)
+  metrics = metrics_file.MetricsWriter(workdir, primary)
+  try:
+    return _train(experiment, workdir, primary, wrap_train_step, stop, task, model, placement, checkpoints,
+                  metrics, host_state, start_step, final_evaluation_pending)
+  finally:
+    metrics.close()
+    checkpoints.close()
+
+
+def _train(experiment, workdir, primary, wrap_train_step, stop, task, model, placement, checkpoints, metrics,
+           host_state, start_step, final_evaluation_pending) -> dict:
   state = placement.put_state(host_state)
   train_step = placement.compile_train_step(wrap_train_step(functools.partial(
       training.train_step, model=model, task=task, experiment=experiment)))
@@ -159,48 +166,50 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices) -> dict:
   started = time.time()
   run_evaluation = functools.partial(evaluate, task, experiment, placement, eval_step, metrics_writer=metrics,
                                      started=started, position_cap=evaluation_width_cap(experiment))
-  progress = _Progress(start_step, train.steps, task.headline_metric)
+
+  def save(step):
+    checkpoints.save(step, placement.host_state(state), covers=metrics.sync())
+
   last_evaluation = {}
   step = start_step
+  stop.check()  # nothing trained yet in this process: a stop here has nothing to save
+  progress = _Progress(start_step, train.steps, task.headline_metric)
   try:
     if final_evaluation_pending:
       last_evaluation = run_evaluation(state.params, step)
-    with _StopRequest() as stop:
-      window_start, window_tokens = time.time(), 0.0
-      while step < train.steps:
-        batch = task.batch(experiment.seed, step, 'train', train.batch_size)
-        state, step_metrics = train_step(state, placement.put_batch(batch))
-        step += 1
-        host_metrics = placement.to_host(step_metrics)
-        window_tokens += float(np.sum(batch['valid']))
-        summary = task.summarize(host_metrics)
-        if not np.isfinite(summary['loss']):
-          raise NonFiniteLoss(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good '
-                              f'checkpoint (step {checkpoints.latest_step()}) is kept in '
-                              f'{checkpoints.directory}')
-        record = None
-        if step % train.log_every == 0 or step == train.steps:
-          elapsed = max(time.time() - window_start, 1e-9)
-          record = dict(step=step, split='train', **summary,
-                        learning_rate=float(host_metrics['learning_rate']),
-                        gradient_norm=float(host_metrics['gradient_norm']),
-                        tokens_per_second=window_tokens / elapsed, wall_time=time.time() - started)
-          metrics.write(record)
-          window_start, window_tokens = time.time(), 0.0
-        progress.update(step, record)
-        if step % train.eval_every == 0 or step == train.steps:
-          last_evaluation = run_evaluation(state.params, step)
-        if step % train.checkpoint_every == 0 or step == train.steps:
-          checkpoints.save(step, placement.host_state(state))
-        if stop.signal_name:
-          logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.signal_name, step)
-          checkpoints.save(step, placement.host_state(state))
-          break
+    window_start, window_tokens = time.time(), 0.0
+    while step < train.steps:
+      batch = task.batch(experiment.seed, step, 'train', train.batch_size)
+      state, step_metrics = train_step(state, placement.put_batch(batch))
+      step += 1
+      host_metrics = placement.to_host(step_metrics)
+      window_tokens += float(np.sum(batch['valid']))
+      summary = task.summarize(host_metrics)
+      if not np.isfinite(summary['loss']):
+        raise NonFiniteLoss(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good '
+                            f'checkpoint (step {checkpoints.latest_step()}) is kept in '
+                            f'{checkpoints.directory}')
+      record = None
+      if step % train.log_every == 0 or step == train.steps:
+        elapsed = max(time.time() - window_start, 1e-9)
+        record = dict(step=step, split='train', **summary,
+                      learning_rate=float(host_metrics['learning_rate']),
+                      gradient_norm=float(host_metrics['gradient_norm']),
+                      tokens_per_second=window_tokens / elapsed, wall_time=time.time() - started)
+        metrics.write(record)
+        window_start, window_tokens = time.time(), 0.0
+      progress.update(step, record)
+      if step % train.eval_every == 0 or step == train.steps:
+        last_evaluation = run_evaluation(state.params, step)
+      if step % train.checkpoint_every == 0 or step == train.steps:
+        save(step)
+      if stop.requested:
+        logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.requested, step)
+        save(step)
+        break
     if step == train.steps and primary:  # the marker of a finished run, written last
       write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(
           step=step, evaluation={str(k): v for k, v in last_evaluation.items()}))
   finally:
     progress.close()
-    metrics.close()
-    checkpoints.close()
   return last_evaluation

@@ -18,13 +18,12 @@ SWEEP/translation_scores.md: BLEU greedy / beam per run and bucket, the runs sid
 
 import json
 import os
-import sys
 
 import sacrebleu
-from absl import app, flags
+from absl import flags
 
 import transformer
-from experiments import checkpoints, decoding, results
+from experiments import checkpoints, cli, decoding, results
 from experiments.files import write_json_atomically, write_text_atomically
 from experiments.tasks.translation import Translation
 
@@ -44,11 +43,6 @@ def scores(pairs: list[tuple[str, str]]) -> dict:
   hypotheses, references = [h for h, _ in pairs], [r for _, r in pairs]
   return dict(bleu=sacrebleu.corpus_bleu(hypotheses, [references]).score,
               chrf=sacrebleu.corpus_chrf(hypotheses, [references]).score, verses=len(pairs))
-
-
-def fail(message: str) -> None:
-  print(f'error: {" ".join(message.split())}', file=sys.stderr)
-  sys.exit(2)
 
 
 def load(workdir: str):
@@ -119,30 +113,30 @@ def sweep_table(payloads: dict) -> str:
 def main(argv):
   del argv
   if bool(_WORKDIR.value) == bool(_SWEEP.value):
-    fail('--workdir / --sweep: give one; valid: a training run of the translation task (--workdir) or an '
+    cli.fail('--workdir / --sweep: give one; valid: a training run of the translation task (--workdir) or an '
          'experiments.compare sweep of it (--sweep)')
   if _BEAM.value < 2:
-    fail(f'--beam: got {_BEAM.value}; valid: 2 or more (greedy decoding is always reported)')
+    cli.fail(f'--beam: got {_BEAM.value}; valid: 2 or more (greedy decoding is always reported)')
   if _WORKDIR.value:
     try:
       loaded = load(_WORKDIR.value)
     except (OSError, KeyError, ValueError) as error:
-      fail(str(error))
+      cli.fail(str(error))
     score_run(_WORKDIR.value, *loaded)
     return
   if not os.path.isdir(_SWEEP.value):
-    fail(f'--sweep: {_SWEEP.value} is not a directory; valid: the --workdir of an experiments.compare sweep')
+    cli.fail(f'--sweep: {_SWEEP.value} is not a directory; valid: the --workdir of an experiments.compare sweep')
   runs = sorted(name for name in os.listdir(_SWEEP.value)
                 if results.finished(os.path.join(_SWEEP.value, name)))
   if not runs:
-    fail(f'--sweep: no finished run in {_SWEEP.value}; valid: a sweep with <variant>-seed<k> runs that finished')
+    cli.fail(f'--sweep: no finished run in {_SWEEP.value}; valid: a sweep with <variant>-seed<k> runs that finished')
   payloads = {}
   for name in runs:
     workdir = os.path.join(_SWEEP.value, name)
     try:
       config, task, params, lengths = load(workdir)
     except (OSError, KeyError, ValueError) as error:
-      fail(str(error))
+      cli.fail(str(error))
     payloads[name] = scored_before(workdir, lengths)
     print(f'{name}: {"scored before, with the same options" if payloads[name] else "decoding"}', flush=True)
     if payloads[name] is None:
@@ -170,4 +164,4 @@ def _line(label: str, row: dict) -> str:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main)

@@ -1,8 +1,9 @@
 """Bad input, faults and interruptions lose nothing."""
 
 import glob
-import json
 import hashlib
+import json
+import logging
 import os
 import pathlib
 import shutil
@@ -15,44 +16,36 @@ import numpy as np
 import pytest
 
 from configs import shakespeare as shakespeare_config
-from experiments import settings, trainer
+from experiments import checkpoints, settings, trainer
 from experiments.checkpoints import CheckpointMismatch
 from experiments.data import shakespeare as shakespeare_data
-from experiments.metrics import read_metrics, without_wall_clock
+from experiments.metrics import MetricsDamaged, read_metrics, without_wall_clock
 from tests.helpers import smoke_experiment
 from experiments.tasks.algorithmic import Copy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-BAD_OVERRIDES = [  # (overrides, what the one line must say); 8 devices in this process
-    (['--config.model.nonexistent=3'], '--config.model.nonexistent: unknown config field'),
+BAD_COMMAND_LINES = [  # (arguments after --workdir, what the one line must say); 8 devices in this process
+    (['--config.model.nonexistent=3'], '--config.model.nonexistent: unknown config field; valid fields of model:'),
     (['--config.model.position.colour=red'], '--config.model.position.colour: unknown config field'),
+    (['--config.train.stpes=20'], '--config.train.stpes: unknown config field (did you mean train.steps?); valid '
+                                  'fields of train: batch_size,'),
     (['--config.train.steps=many'], "--config.train.steps=many: invalid literal for int()"),
     (['--config.train.learning_rate=fast'], '--config.train.learning_rate=fast'),
     (['--config.model.position.per_head=maybe'], '--config.model.position.per_head=maybe'),
-    (['--config.train.steps=0'], 'train.steps: got 0; valid: a positive number'),
-    (['--config.train.steps=-5'], 'train.steps: got -5; valid: a positive number'),
-    (['--config.train.batch_size=0'], 'train.batch_size: got 0; valid: a positive number'),
-    (['--config.model.model_dim=0'], 'model.model_dim: got 0; valid: a positive integer'),
-    (['--config.model.feed_forward_dim=-1'], 'model.feed_forward_dim: got -1; valid: a positive integer'),
-    (['--config.model.num_heads=3'], 'model.num_heads: got 3; valid: a divisor of model_dim=32'),
-    (['--config.model.position.kind=fourier'], "model.position.kind: got 'fourier'; valid: alibi, learned"),
-    (['--config.task.name=tetris'], "task.name: got 'tetris'; valid: addition, classify, copy"),
-    (['--config.task.model_kind=encoder_only'], "task.model_kind: got 'encoder_only'; valid: decoder_only"),
-    (['--config.model.position.kind=learned', '--config.model.position.max_length=20'],
-     'model.position.max_length: got 20; valid: at least 26'),
-    (['--config.train.batch_size=12'], 'train.batch_size: got 12; valid: a multiple of the device count 8'),
-    (['--config.parallel=fsdp'], "parallel: got 'fsdp'; valid: pmap, mesh"),
-    (['--config.model.norm=middle'], "model.norm: got 'middle'; valid: post, pre"),
-    (['--config.model.activation=swish'], "model.activation: got 'swish'; valid: relu, gelu"),
-    (['--config.model.dropout_rate=1.5'], 'model.dropout_rate: got 1.5; valid: a rate in [0, 1)'),
-    (['--config.train.label_smoothing=1.0'], 'train.label_smoothing: got 1.0; valid: a number in [0, 1)'),
-    (['--config.train.schedule=cosine'], "train.schedule: got 'cosine'; valid: warmup_rsqrt"),
-    (['--config.task.min_length=10'], 'task.min_length: got 10; valid: at most task.max_length=6'),
-    (['--config.model.position.num_buckets=7'], 'model.position.num_buckets: got 7; valid: an even number'),
-    (['--config.model.position.rope_base=0.5'], 'model.position.rope_base: got 0.5; valid: a number > 1'),
     (['--config.seed=1.5'], '--config.seed=1.5: invalid literal for int()'),
+    (['--config.model.num_heads=3'], 'model.num_heads: got 3; valid: a divisor of model_dim=32'),  # tests/test_settings.py has the rest
+    (['--config.train.gradient_clip=nan'], 'train.gradient_clip: got nan; valid: a finite number'),
+    (['--config.seed=-1'], 'seed: got -1; valid: an integer in [0, 2147483647]'),
 ]
+CONFIG_FILES = {  # a config file's text, and what the one line must say
+    'raises.py': ("raise RuntimeError('boom in config')\n", 'cannot load {path}: RuntimeError: boom in config'),
+    'syntax.py': ('def get_config(:\n', 'cannot load {path}: SyntaxError:'),
+    'none.py': ('x = 1\n', '{path} defines no get_config()'),
+    'raises_later.py': ('def get_config():\n  return 1 / 0\n', 'get_config() raised ZeroDivisionError: division by zero'),
+    'wrong_type.py': ("def get_config():\n  return {'seed': 0}\n", 'get_config() returned a dict; valid: an '
+                                                                     'ml_collections.ConfigDict'),
+}
 
 
 def _train_cli(argv, devices=8):
@@ -64,14 +57,34 @@ def _train_cli(argv, devices=8):
   return result.returncode, [line for line in result.stderr.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize('overrides,expected', BAD_OVERRIDES, ids=[' '.join(o) for o, _ in BAD_OVERRIDES])
-def test_bad_config_exits_with_one_line_and_writes_nothing(tmp_path, overrides, expected):
+@pytest.mark.parametrize('arguments,expected', BAD_COMMAND_LINES, ids=[' '.join(a) for a, _ in BAD_COMMAND_LINES])
+def test_a_bad_command_line_exits_with_one_line_and_writes_nothing(tmp_path, arguments, expected):
   workdir = tmp_path / 'run'
-  code, lines = _train_cli(['--config=configs/smoke.py', f'--workdir={workdir}', *overrides])
+  code, lines = _train_cli(['--config=configs/smoke.py', f'--workdir={workdir}', *arguments])
   assert code == 2
   assert len(lines) == 1 and lines[0].startswith('error: '), lines
   assert expected in lines[0], lines[0]
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize('name', sorted(CONFIG_FILES))
+def test_a_config_file_that_cannot_give_a_config_is_one_line(tmp_path, name):
+  text, expected = CONFIG_FILES[name]
+  path = tmp_path / name
+  path.write_text(text)
+  for extra in ([], ['--config.train.steps=3']):  # with an override, ml_collections loads the file while parsing
+    code, lines = _train_cli([f'--config={path}', f'--workdir={tmp_path / "run"}', *extra])
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith('error: --config: ') and expected.format(path=path) in lines[0], lines[0]
+  assert not (tmp_path / 'run').exists()
+
+
+def test_a_workdir_that_cannot_be_created_is_one_line(tmp_path):
+  too_long = tmp_path / ('x' * 300)
+  code, lines = _train_cli(['--config=configs/smoke.py', f'--workdir={too_long}'])
+  assert code == 2 and len(lines) == 1, lines
+  assert lines[0].startswith(f"error: workdir: got '{too_long}'; cannot create or write it: File name too long")
+  assert os.listdir(tmp_path) == []
 
 
 def test_a_workdir_under_a_file_is_refused(tmp_path):
@@ -102,25 +115,148 @@ def _fingerprint(directory) -> dict:
           for path in glob.glob(f'{directory}/**', recursive=True) if os.path.isfile(path)}
 
 
-def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_path):
+def _checkpointed_runs(tmp_path, steps=15):
+  """An uninterrupted 20-step run, and one stopped at `steps` (checkpoints every 5, three kept)."""
   schedule = {'train.checkpoint_every': 5, 'train.keep_checkpoints': 3}
   trainer.run(smoke_experiment(**schedule), str(tmp_path / 'whole'))
   run = tmp_path / 'damaged'
-  trainer.run(smoke_experiment(**schedule, **{'train.steps': 15}), str(run))
+  trainer.run(smoke_experiment(**schedule, **{'train.steps': steps}), str(run))
+  return run, schedule
+
+
+def _assert_metrics_of_the_whole_run(tmp_path, run):
+  assert without_wall_clock(read_metrics(str(run))) == without_wall_clock(read_metrics(str(tmp_path / 'whole')))
+
+
+def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_path):
+  run, schedule = _checkpointed_runs(tmp_path)
   assert sorted(os.listdir(run / 'checkpoints')) == ['10', '15', '5']
   for victim in glob.glob(str(run / 'checkpoints' / '15' / '**' / 'd' / '*'), recursive=True)[:1]:
     os.remove(victim)  # damaged: a data file of the newest checkpoint is gone
   shutil.copytree(run / 'checkpoints' / '10', run / 'checkpoints' / '20.orbax-checkpoint-tmp-1')  # a cut save
   trainer.run(smoke_experiment(**schedule), str(run))
   assert os.listdir(run / 'checkpoints.unreadable')[0].startswith('15-')  # set aside, not deleted
-  assert without_wall_clock(read_metrics(str(run))) == without_wall_clock(read_metrics(str(tmp_path / 'whole')))
+  _assert_metrics_of_the_whole_run(tmp_path, run)
 
 
-def test_a_config_with_other_shapes_fails_clearly_and_leaves_the_checkpoint_untouched(tmp_path):
+def test_a_flipped_byte_in_a_checkpoint_is_caught_by_its_digest(tmp_path, caplog):
+  run, schedule = _checkpointed_runs(tmp_path)
+  files = [p for p in glob.glob(str(run / 'checkpoints' / '15' / '**' / '*'), recursive=True) if os.path.isfile(p)]
+  victim = max(files, key=os.path.getsize)  # the largest data file: parameters or optimiser moments
+  data = bytearray(pathlib.Path(victim).read_bytes())
+  data[len(data) // 2] ^= 0x01
+  pathlib.Path(victim).write_bytes(bytes(data))
+  trainer.run(smoke_experiment(**schedule), str(run))
+  warning = next(r.getMessage() for r in caplog.records if 'checkpoint at step 15 cannot be used' in r.getMessage())
+  assert 'its bytes changed since it was written: default/' in warning
+  aside = sorted(os.listdir(run / 'checkpoints.unreadable'))
+  assert aside[0].startswith('15-') and aside[1].endswith('.digest.json')  # the checkpoint and its digest, kept
+  _assert_metrics_of_the_whole_run(tmp_path, run)
+
+
+def test_the_analysis_commands_refuse_a_checkpoint_whose_bytes_changed(tmp_path):
+  run, _ = _checkpointed_runs(tmp_path)
+  checkpoints.load_run(str(run))  # intact: loads
+  victim = max((p for p in glob.glob(str(run / 'checkpoints' / '15' / '**' / '*'), recursive=True)
+                if os.path.isfile(p)), key=os.path.getsize)
+  with open(victim, 'r+b') as file:
+    file.seek(os.path.getsize(victim) // 2)
+    byte = file.read(1)
+    file.seek(-1, os.SEEK_CUR)
+    file.write(bytes([byte[0] ^ 0x80]))
+  with pytest.raises(ValueError, match=r'checkpoints/15: its bytes changed since it was written \(default/'):
+    checkpoints.load_run(str(run))
+
+
+def test_metrics_damaged_before_their_last_line_are_refused_and_left_alone(tmp_path):
+  run, schedule = _checkpointed_runs(tmp_path)
+  lines = (run / 'metrics.jsonl').read_text().splitlines(keepends=True)
+  lines[1] = '{"step": 10, "spl\n'
+  (run / 'metrics.jsonl').write_text(''.join(lines))
+  before = _fingerprint(run)
+  with pytest.raises(MetricsDamaged, match=r'metrics.jsonl: line 2 is not a JSON record .* move the run aside'):
+    trainer.run(smoke_experiment(**schedule), str(run))
+  assert {k: v for k, v in _fingerprint(run).items() if not k.endswith('.lock')} == {
+      k: v for k, v in before.items() if not k.endswith('.lock')}
+
+
+def test_a_damaged_checkpoint_without_a_digest_is_set_aside_quietly(tmp_path, capfd):
+  """Checkpoints written before digests: orbax's failing restore is the check, and the dozens of 'Event
+  loop is closed' tracebacks its in-flight reads used to print are gone."""
+  run, schedule = _checkpointed_runs(tmp_path)
+  shutil.rmtree(run / 'checkpoints.digests')
+  for victim in glob.glob(str(run / 'checkpoints' / '15' / 'default' / '**' / 'd' / '*'), recursive=True):
+    os.remove(victim)
+  capfd.readouterr()
+  trainer.run(smoke_experiment(**schedule), str(run))
+  assert os.listdir(run / 'checkpoints.unreadable')[0].startswith('15-')
+  _assert_metrics_of_the_whole_run(tmp_path, run)
+  assert 'Event loop is closed' not in capfd.readouterr().err
+
+
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
+  """Killed in the middle of writing a record after its last checkpoint (step 15)."""
+  caplog.set_level(logging.INFO)
+  run, schedule = _checkpointed_runs(tmp_path, steps=20)
+  (run / 'summary.json').unlink()
+  shutil.rmtree(run / 'checkpoints' / '20')  # as if killed before the final checkpoint
+  text = (run / 'metrics.jsonl').read_text()
+  (run / 'metrics.jsonl').write_text(text[:-len(text.splitlines()[-1]) // 2 - 1])  # half the last record
+  trainer.run(smoke_experiment(**schedule), str(run))
+  assert any('dropped a torn last line' in r.getMessage() for r in caplog.records)
+  assert any('resuming from the checkpoint at step 15' in r.getMessage() for r in caplog.records)
+  _assert_metrics_of_the_whole_run(tmp_path, run)
+
+
+def test_metrics_cut_below_what_a_checkpoint_covers_resume_from_one_they_cover(tmp_path, caplog):
+  """A tail lost below the newest checkpoint (a power loss without fsync would do it): that checkpoint
+  cannot be resumed without losing records, so an older one that the file still covers is used."""
+  caplog.set_level(logging.INFO)
+  run, schedule = _checkpointed_runs(tmp_path)
+  lines = (run / 'metrics.jsonl').read_text().splitlines(keepends=True)
+  first_after_step_10 = next(i for i, line in enumerate(lines) if json.loads(line)['step'] > 10)
+  (run / 'metrics.jsonl').write_text(''.join(lines[:first_after_step_10]) + lines[first_after_step_10][:7])
+  trainer.run(smoke_experiment(**schedule), str(run))
+  messages = [r.getMessage() for r in caplog.records]
+  assert any('checkpoint at step 15 cannot be used (metrics.jsonl holds' in m for m in messages), messages
+  assert any('resuming from the checkpoint at step 10' in m for m in messages)
+  _assert_metrics_of_the_whole_run(tmp_path, run)
+
+
+def test_the_metrics_a_checkpoint_covers_are_fsynced_before_it_is_written(tmp_path, monkeypatch):
+  events = []
+  real_fsync, real_save = os.fsync, checkpoints.Checkpoints.save
+
+  def fsync(descriptor):
+    events.append(('fsync', os.path.basename(os.readlink(f'/proc/self/fd/{descriptor}'))))
+    return real_fsync(descriptor)
+
+  def save(self, step, host_state, covers=None):
+    events.append(('checkpoint', step, covers['records']))
+    return real_save(self, step, host_state, covers)
+
+  monkeypatch.setattr(os, 'fsync', fsync)
+  monkeypatch.setattr(checkpoints.Checkpoints, 'save', save)
   trainer.run(smoke_experiment(), str(tmp_path))
+  saves = [i for i, event in enumerate(events) if event[0] == 'checkpoint']
+  assert [events[i][1] for i in saves] == [10, 20]
+  records = read_metrics(str(tmp_path))
+  for index in saves:
+    assert events[index - 1] == ('fsync', 'metrics.jsonl')
+    step, covered = events[index][1], events[index][2]
+    assert covered == len([r for r in records if r['step'] <= step])
+
+
+def test_a_checkpoint_of_other_shapes_fails_clearly_and_is_left_untouched(tmp_path):
+  """The shapes check stays as a last line behind the run's identity: here config.json is made to agree
+  with a config of another width, so only the checkpoint itself can tell."""
+  trainer.run(smoke_experiment(), str(tmp_path))
+  other = smoke_experiment(**{'model.model_dim': 48, 'train.steps': 30})
+  (tmp_path / 'config.json').write_text(json.dumps(settings.to_dict(other)))
+  (tmp_path / 'summary.json').unlink()
   before = _fingerprint(tmp_path / 'checkpoints')
   with pytest.raises(CheckpointMismatch, match=r"\['params'\]\S* has shape \(\S*32,?\) there and \(\S*48,?\) here"):
-    trainer.run(smoke_experiment(**{'model.model_dim': 48, 'train.steps': 30}), str(tmp_path))
+    trainer.run(other, str(tmp_path))
   assert _fingerprint(tmp_path / 'checkpoints') == before
 
 

@@ -29,11 +29,3 @@ def read_checked(directory: str, entry: dict, rebuild: str) -> bytes:
   if hashlib.sha256(content).hexdigest() != entry['sha256']:
     raise DataError(f'{path}: corrupt (sha256 differs from manifest.json); rebuild it with: {rebuild}')
   return content
-
-
-def sha256_of_file(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as file:
-    for chunk in iter(lambda: file.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()

@@ -1,0 +1,160 @@
+"""A run is its configuration.
+
+WORKDIR/config.json is the resolved configuration, written once (atomically, fsynced) when the run
+is created and never rewritten. A restart compares the configuration it was given with the run's,
+field by field, before it writes anything, and refuses any difference except the few in
+`RESUMABLE_FIELDS`, which change how a run continues but not what it has computed so far. An
+accepted change is appended to WORKDIR/config_changes.jsonl with the step it took effect at; the
+run's configuration is config.json with those changes applied in order (`stored_config`).
+
+A finished run (summary.json) takes no change but a longer `train.steps`, which continues it.
+"""
+
+import json
+import os
+from typing import Optional
+
+from experiments.files import append_line_durably, write_json_atomically
+
+CONFIG_FILE = 'config.json'
+CHANGES_FILE = 'config_changes.jsonl'
+SUMMARY_FILE = 'summary.json'
+
+# Fields a restart may change, and why each leaves what the run has computed so far valid.
+RESUMABLE_FIELDS = {
+    'train.steps': 'a longer run continues the same trajectory (only larger values; not with warmup_cosine, '
+                   'whose learning rate at every step depends on it)',
+    'train.log_every': 'how often training metrics are written',
+    'train.eval_every': 'how often the evaluation runs',
+    'train.checkpoint_every': 'how often checkpoints are written',
+    'train.keep_checkpoints': 'how many checkpoints are kept',
+    'parallel': 'how the same global batch is placed on devices (pmap or mesh give the same numbers)',
+    'task.eval_lengths': 'which lengths later evaluations measure',
+    'task.eval_batches': 'how many batches later evaluations average',
+}
+
+
+class RunMismatch(ValueError):
+  """The workdir holds a run of another configuration. `lines` says each differing field."""
+
+  def __init__(self, lines: list[str]):
+    super().__init__('\n'.join(lines))
+    self.lines = lines
+
+
+def canonical(resolved: dict) -> dict:
+  """The configuration as it reads back from JSON (tuples become lists), so equal means equal on disk."""
+  return json.loads(json.dumps(resolved, sort_keys=True))
+
+
+def flatten(tree: dict, prefix: str = '') -> dict:
+  """{'train': {'steps': 5}} -> {'train.steps': 5}."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def differences(stored: dict, requested: dict) -> dict:
+  """{field: (stored value, requested value)} for every field that differs; absent fields are None."""
+  old, new = flatten(canonical(stored)), flatten(canonical(requested))
+  return {name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new))
+          if old.get(name) != new.get(name) or (name in old) != (name in new)}
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+  *parents, leaf = dotted.split('.')
+  for parent in parents:
+    tree = tree.setdefault(parent, {})
+  tree[leaf] = value
+
+
+def stored_config(workdir: str) -> Optional[dict]:
+  """The run's configuration: config.json with every recorded change applied; None if there is no run."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as file:
+    config = json.load(file)
+  changes_path = os.path.join(workdir, CHANGES_FILE)
+  if os.path.exists(changes_path):
+    with open(changes_path) as file:
+      for line in file:
+        if line.strip():
+          for name, (_, new) in json.loads(line)['changes'].items():
+            _set(config, name, new)
+  return config
+
+
+def finished_step(workdir: str) -> Optional[int]:
+  """The step summary.json records, when the run finished; None otherwise."""
+  path = os.path.join(workdir, SUMMARY_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as file:
+    return json.load(file)['step']
+
+
+def refusals(workdir: str, stored: dict, requested: dict) -> list[str]:
+  """One line per field that the requested configuration may not change in this run; [] if none."""
+  changed = differences(stored, requested)
+  done = finished_step(workdir)
+  lines = []
+  for name, (old, new) in changed.items():
+    why = None
+    if name not in RESUMABLE_FIELDS:
+      why = 'this field may not change in a run'
+    elif name == 'train.steps' and not (isinstance(old, int) and isinstance(new, int) and new > old):
+      why = 'a run is continued to more steps, never shortened'
+    elif name == 'train.steps' and flatten(canonical(requested)).get('train.schedule') == 'warmup_cosine':
+      why = "warmup_cosine's learning rate at every step depends on train.steps"
+    elif done is not None and 'train.steps' not in changed:
+      why = f'the run finished at step {done}; only a longer train.steps continues it'
+    if why:
+      lines.append(f'{name}: the run in {workdir} has {old!r}, this command asks for {new!r} ({why}); use a new '
+                   f'--workdir, or the run\'s own configuration ({CONFIG_FILE} there)')
+  return lines
+
+
+def open_run(workdir: str, requested: dict, primary: bool = True) -> dict:
+  """Before anything else is written to the workdir: create the run (config.json, once) or check that
+  the requested configuration may continue it. Returns the accepted changes {field: (old, new)},
+  which `record_changes` appends once the run knows the step it resumes from.
+  Raises RunMismatch (nothing written) when the configuration differs in a field it may not."""
+  stored = stored_config(workdir)
+  if stored is None:
+    leftovers = [name for name in ('checkpoints', 'metrics.jsonl', SUMMARY_FILE)
+                 if os.path.exists(os.path.join(workdir, name))]
+    if leftovers:
+      raise RunMismatch([f'workdir: {workdir} holds {", ".join(leftovers)} but no {CONFIG_FILE}, so what wrote '
+                         f'them cannot be checked; use a new --workdir'])
+    if primary:
+      write_json_atomically(os.path.join(workdir, CONFIG_FILE), canonical(requested))
+    return {}
+  lines = refusals(workdir, stored, requested)
+  if lines:
+    raise RunMismatch(lines)
+  return differences(stored, requested)
+
+
+def record_changes(workdir: str, changes: dict, step: int) -> None:
+  """Appends the accepted changes (fsynced), and un-finishes a run that a longer train.steps continues."""
+  if not changes:
+    return
+  append_line_durably(os.path.join(workdir, CHANGES_FILE), json.dumps(
+      {'step': step, 'changes': {name: list(values) for name, values in changes.items()}}, sort_keys=True))
+  if 'train.steps' in changes and os.path.exists(os.path.join(workdir, SUMMARY_FILE)):
+    os.remove(os.path.join(workdir, SUMMARY_FILE))
+
+
+def is_finished(workdir: str, requested: Optional[dict] = None) -> bool:
+  """summary.json is there and records the run's own train.steps (and, given `requested`, the run's
+  configuration is exactly that)."""
+  stored = stored_config(workdir)
+  done = finished_step(workdir)
+  if stored is None or done is None or done != stored['train']['steps']:
+    return False
+  return requested is None or not differences(stored, requested)

@@ -1,0 +1,126 @@
+"""A run is its configuration: a restart with another one is refused before anything is written, except
+the changes run_record.RESUMABLE_FIELDS allows, which are recorded."""
+
+import glob
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from experiments import run_record, settings, trainer
+from experiments.metrics import read_metrics, without_wall_clock
+from tests.helpers import smoke_experiment
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _fingerprint(directory) -> dict:
+  """Every file's bytes but the lock's (each run writes its pid there)."""
+  return {path: hashlib.sha256(open(path, 'rb').read()).hexdigest()
+          for path in glob.glob(f'{directory}/**', recursive=True)
+          if os.path.isfile(path) and not path.endswith('.lock')}
+
+
+def _unfinished(workdir, **overrides):
+  """A run of configs/smoke.py (20 steps) stopped after its checkpoint at step 10."""
+  trainer.run(smoke_experiment(**overrides), str(workdir))
+  (workdir / 'summary.json').unlink()
+  shutil.rmtree(workdir / 'checkpoints' / '20')
+  os.remove(workdir / 'checkpoints.digests' / '20.json')
+
+
+def test_resuming_with_another_configuration_is_refused_naming_every_field_and_writing_nothing(tmp_path):
+  _unfinished(tmp_path)
+  before = _fingerprint(tmp_path)
+  with pytest.raises(run_record.RunMismatch) as raised:
+    trainer.run(smoke_experiment(seed=7, **{'model.position.kind': 'rope', 'task.name': 'reverse'}), str(tmp_path))
+  fields = [line.split(':')[0] for line in raised.value.lines]
+  assert fields == ['model.position.kind', 'seed', 'task.name']
+  assert raised.value.lines[0].startswith(f"model.position.kind: the run in {tmp_path} has 'sinusoidal', this "
+                                          f"command asks for 'rope' (this field may not change in a run)")
+  assert _fingerprint(tmp_path) == before
+
+
+def test_config_json_is_written_once_and_a_finished_run_takes_no_other_configuration(tmp_path):
+  trainer.run(smoke_experiment(), str(tmp_path))
+  written = (tmp_path / 'config.json').read_bytes()
+  before = _fingerprint(tmp_path)
+  with pytest.raises(run_record.RunMismatch, match='model.position.kind: .* has .sinusoidal., .* asks for .alibi.'):
+    trainer.run(smoke_experiment(**{'model.position.kind': 'alibi'}), str(tmp_path))
+  with pytest.raises(run_record.RunMismatch, match=r'model.model_dim: .* has 32, .* asks for 48'):
+    trainer.run(smoke_experiment(**{'model.model_dim': 48, 'train.steps': 30}), str(tmp_path))
+  assert _fingerprint(tmp_path) == before
+  trainer.run(smoke_experiment(**{'train.steps': 30}), str(tmp_path))  # an allowed change
+  assert (tmp_path / 'config.json').read_bytes() == written
+  assert run_record.stored_config(str(tmp_path))['train']['steps'] == 30
+
+
+def test_a_longer_train_steps_continues_a_finished_run_into_the_longer_run(tmp_path):
+  trainer.run(smoke_experiment(), str(tmp_path / 'whole'))
+  trainer.run(smoke_experiment(**{'train.steps': 10}), str(tmp_path / 'extended'))
+  assert run_record.is_finished(str(tmp_path / 'extended'))
+  trainer.run(smoke_experiment(), str(tmp_path / 'extended'))
+  assert without_wall_clock(read_metrics(str(tmp_path / 'extended'))) == without_wall_clock(
+      read_metrics(str(tmp_path / 'whole')))
+  changes = [json.loads(line) for line in (tmp_path / 'extended' / 'config_changes.jsonl').read_text().splitlines()]
+  assert changes == [{'step': 10, 'changes': {'train.steps': [10, 20]}}]
+  assert run_record.stored_config(str(tmp_path / 'extended')) == run_record.stored_config(str(tmp_path / 'whole'))
+  assert run_record.is_finished(str(tmp_path / 'extended'))
+
+
+@pytest.mark.parametrize('first,then,reason', [
+    ({}, {'train.steps': 15}, 'a run is continued to more steps, never shortened'),
+    ({'train.schedule': 'warmup_cosine'}, {'train.schedule': 'warmup_cosine', 'train.steps': 30},
+     "warmup_cosine's learning rate at every step depends on train.steps"),
+    ({}, {'train.log_every': 1}, 'the run finished at step 20; only a longer train.steps continues it'),
+    ({}, {'task.eval_lengths': (6, 12, 24)}, 'the run finished at step 20'),
+])
+def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, first, then, reason):
+  trainer.run(smoke_experiment(**first), str(tmp_path))
+  before = _fingerprint(tmp_path)
+  with pytest.raises(run_record.RunMismatch) as raised:
+    trainer.run(smoke_experiment(**then), str(tmp_path))
+  assert len(raised.value.lines) == 1 and reason in raised.value.lines[0], raised.value.lines
+  assert _fingerprint(tmp_path) == before
+
+
+def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp_path):
+  _unfinished(tmp_path)
+  changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel': 'mesh'}
+  trainer.run(smoke_experiment(**changed), str(tmp_path))
+  record = json.loads((tmp_path / 'config_changes.jsonl').read_text())
+  assert record == {'step': 10, 'changes': {'parallel': ['pmap', 'mesh'], 'task.eval_lengths': [[6, 12], [6, 12, 24]],
+                                            'train.log_every': [5, 2]}}
+  stored = run_record.stored_config(str(tmp_path))
+  assert stored == run_record.canonical(settings.to_dict(smoke_experiment(**changed)))
+  assert run_record.is_finished(str(tmp_path), stored)
+  final = [r for r in read_metrics(str(tmp_path)) if r['split'] == 'eval' and r['step'] == 20]
+  assert sorted(r['length'] for r in final) == [6, 12, 24]
+  assert [r['step'] for r in read_metrics(str(tmp_path)) if r['split'] == 'train'] == [5, 10, 12, 14, 16, 18, 20]
+
+
+def test_a_workdir_with_results_but_no_config_is_refused(tmp_path):
+  trainer.run(smoke_experiment(), str(tmp_path))
+  (tmp_path / 'config.json').unlink()
+  with pytest.raises(run_record.RunMismatch, match='holds checkpoints, metrics.jsonl, summary.json but no config.json'):
+    trainer.run(smoke_experiment(), str(tmp_path))
+
+
+def test_the_command_line_refuses_with_one_line_per_field_and_exit_code_2(tmp_path):
+  environment = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
+                     PYTHONPATH=str(ROOT))
+  command = [sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py', f'--workdir={tmp_path}',
+             '--config.train.steps=5']
+  assert subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, timeout=300).returncode == 0
+  before = _fingerprint(tmp_path)
+  refused = subprocess.run(command + ['--config.model.position.kind=t5', '--config.model.num_heads=4'], cwd=ROOT,
+                           env=environment, capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 2
+  lines = refused.stderr.splitlines()
+  assert [line.split(':')[:2] for line in lines] == [['error', ' model.num_heads'], ['error', ' model.position.kind']]
+  assert _fingerprint(tmp_path) == before
