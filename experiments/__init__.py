@@ -1,5 +1,7 @@
-"""Command-line entry points, the training loop, parallelism, checkpoints, metrics and tasks."""
+"""The commands (`python -m experiments.<command>`: train, compare, analyze, translate, exact_match,
+benchmark) and what they are built from: runs/ (one training run), sweeps/ (many), shared/, tasks/,
+data/ and benchmarks/."""
 
-from experiments.allocator import keep_freed_memory
+from experiments.runs.allocator import keep_freed_memory
 
 keep_freed_memory()  # before jax allocates: every entry point here imports this package first

@@ -22,7 +22,8 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments import checkpoints, cli
+from experiments.runs import checkpoints
+from experiments.shared import cli
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run directory (with config.json and checkpoints).')
 _TEXT = flags.DEFINE_string('text', None, 'Input text (character-level language models).')

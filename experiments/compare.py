@@ -7,7 +7,7 @@
 on the same task, budget and seeds.
 
 Before anything trains, every run's configuration is resolved and validated here, and every run
-directory that exists already is checked against it (experiments/run_record.py): a run of another
+directory that exists already is checked against it (experiments/runs/run_record.py): a run of another
 configuration is refused, one line per field, and nothing is launched. Each run then trains in its own
 subprocess in WORKDIR/<variant>-seed<k> (so one failure cannot take the sweep down; its output is
 appended to the run's train.log); a run that finished with exactly the requested configuration is
@@ -19,7 +19,7 @@ length; failed runs with their error) and plots are written beside them. Exit co
 finished, 1 when some failed, 2 for a refusal.
 """
 
-from experiments.signals import STOP  # first: a stop signal during the imports below exits cleanly too
+from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
 
 STOP.install()
 
@@ -33,7 +33,9 @@ import time
 from absl import flags, logging
 from ml_collections import config_flags
 
-from experiments import cli, results, run_record, signals
+from experiments.shared import cli, signals
+from experiments.sweeps import results
+from experiments.runs import run_record
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
@@ -134,7 +136,7 @@ def run_one(command: list[str], workdir: str, stop) -> tuple[str, str]:
 def resolve(rows: list, seeds: int) -> dict:
   """{run name: its resolved configuration}, every run validated; a bad one is a CommandError naming it."""
   import jax  # pylint: disable=g-import-not-at-top
-  from experiments import settings  # pylint: disable=g-import-not-at-top
+  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
   resolved = {}
   for row in rows:
     for seed in range(seeds):
@@ -170,7 +172,7 @@ def main(argv):
     cli.fail(str(error))
   overrides = child_overrides(_CONFIG.value, sys.argv)
   config_file = cli.config_argument(sys.argv)
-  from experiments import settings  # pylint: disable=g-import-not-at-top
+  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
   try:
     settings.check_workdir(_WORKDIR.value)
   except settings.ConfigError as error:

@@ -13,8 +13,9 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments import checkpoints, cli, decoding
-from experiments.files import write_json_atomically
+from experiments.runs import checkpoints, decoding
+from experiments.shared import cli
+from experiments.shared.files import write_json_atomically
 from experiments.tasks.algorithmic import AlgorithmicTask
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run of an algorithmic task.')
@@ -42,8 +43,9 @@ def main(argv):
     rates[length] = decoding.exact_match(task, model, params, batch, length)
     print(f'{length:>6} {rates[length]:>20.3f}', flush=True)
   print(f'{"mean":>6} {np.mean(list(rates.values())):>20.3f}')
-  write_json_atomically(os.path.join(_WORKDIR.value, 'greedy_exact_match.json'),
-                        dict(examples=_EXAMPLES.value, exact_match={str(k): v for k, v in rates.items()}))
+  path = os.path.join(_WORKDIR.value, 'greedy_exact_match.json')
+  write_json_atomically(path, dict(examples=_EXAMPLES.value, exact_match={str(k): v for k, v in rates.items()}))
+  print(f'wrote {path}')
 
 
 if __name__ == '__main__':

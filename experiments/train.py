@@ -4,12 +4,12 @@
       [--config.model.position.kind=rope --config.train.steps=500 ...]
 
 A workdir that holds a run is resumed, if the configuration is the run's own (or differs only in what
-experiments/run_record.py allows to change on resume); any other difference is refused, one line per
+experiments/runs/run_record.py allows to change on resume); any other difference is refused, one line per
 field. Multi-host: add --coordinator_address=HOST:PORT --num_processes=N --process_id=I on every host
 (or set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID).
 """
 
-from experiments.signals import STOP  # first: a stop signal during the imports below exits cleanly too
+from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
 
 STOP.install()
 
@@ -18,7 +18,7 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli
+from experiments.shared import cli
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/<name>.py).',
                                           lock_config=True)
@@ -35,7 +35,7 @@ def prepare():
     cli.fail('--config: missing; valid: a config file, e.g. --config=configs/algorithmic.py:copy')
   if not _WORKDIR.value:
     cli.fail('--workdir: missing; valid: a directory for the run, e.g. --workdir=runs/copy')
-  from experiments import parallel, settings  # pylint: disable=g-import-not-at-top
+  from experiments.runs import parallel, settings  # pylint: disable=g-import-not-at-top
   parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   import jax  # pylint: disable=g-import-not-at-top
   try:
@@ -46,12 +46,23 @@ def prepare():
   return experiment, _WORKDIR.value
 
 
+def evaluation_table(experiment, evaluation: dict) -> str:
+  """The final evaluation, a row per length (the training length marked), a column per main metric."""
+  from experiments.sweeps.results import MAIN_METRICS  # pylint: disable=g-import-not-at-top
+  columns = [m for m in MAIN_METRICS if any(m in record for record in evaluation.values())] + ['loss']
+  lines = [f'{"length":>12} ' + ' '.join(f'{c:>18}' for c in columns)]
+  for length in sorted(evaluation):
+    label = f'{length} (train)' if length == experiment.task.max_length else str(length)
+    lines.append(f'{label:>12} ' + ' '.join(f'{evaluation[length][c]:>18.4f}' for c in columns))
+  return '\n'.join(lines)
+
+
 def main(argv):
   del argv
   experiment, workdir = prepare()
-  from experiments import checkpoints, metrics, run_record, trainer  # pylint: disable=g-import-not-at-top
+  from experiments.runs import checkpoints, metrics, run_record, trainer  # pylint: disable=g-import-not-at-top
   try:
-    trainer.run(experiment, workdir)
+    evaluation = trainer.run(experiment, workdir)
   except run_record.RunMismatch as mismatch:
     for line in mismatch.lines:
       print(f'error: {line}', file=sys.stderr)
@@ -59,6 +70,14 @@ def main(argv):
   except (trainer.NonFiniteLoss, trainer.WorkdirBusy, trainer.WorkdirUnusable, checkpoints.CheckpointMismatch,
           metrics.MetricsDamaged) as error:
     cli.fail(str(error))
+  if not run_record.is_finished(workdir):
+    return  # stopped by a signal: the restart finishes it
+  position = experiment.model.position.kind if experiment.model.architecture == 'transformer' else '-'
+  print(f'{experiment.task.name}, {experiment.model.architecture} ({position} positions), seed {experiment.seed}: '
+        f'{experiment.train.steps} steps; the final evaluation by length (training length {experiment.task.max_length}):')
+  print(evaluation_table(experiment, evaluation))
+  print(f'in {workdir}: config.json, metrics.jsonl (every record), summary.json (this table), tensorboard/, '
+        f'checkpoints/')
 
 
 if __name__ == '__main__':

@@ -23,8 +23,10 @@ import sacrebleu
 from absl import flags
 
 import transformer
-from experiments import checkpoints, cli, decoding, results
-from experiments.files import write_json_atomically, write_text_atomically
+from experiments.runs import checkpoints, decoding
+from experiments.shared import cli
+from experiments.sweeps import results
+from experiments.shared.files import write_json_atomically, write_text_atomically
 from experiments.tasks.translation import Translation
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run of the translation task.')
@@ -80,6 +82,7 @@ def score_run(workdir: str, config, task, params, lengths) -> dict:
   write_json_atomically(os.path.join(workdir, SCORES_FILE), payload)
   lines = ['source\treference\tgreedy\tbeam'] + ['\t'.join(entry) for entries in decoded.values() for entry in entries]
   write_text_atomically(os.path.join(workdir, f'translations_{_SPLIT.value}.tsv'), '\n'.join(lines) + '\n')
+  print(f'wrote {os.path.join(workdir, SCORES_FILE)}, {os.path.join(workdir, f"translations_{_SPLIT.value}.tsv")}')
   return payload
 
 
@@ -144,6 +147,7 @@ def main(argv):
   table = sweep_table(payloads)
   write_text_atomically(os.path.join(_SWEEP.value, 'translation_scores.md'), table)
   print(table)
+  print(f'wrote {os.path.join(_SWEEP.value, "translation_scores.md")}')
 
 
 def _row(entries) -> dict:

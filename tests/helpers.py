@@ -65,5 +65,5 @@ def with_overrides(config, overrides: dict):
 def smoke_experiment(**overrides):
   """configs/smoke.py with overrides, validated for this process's devices."""
   from configs import smoke  # pylint: disable=g-import-not-at-top
-  from experiments import settings  # pylint: disable=g-import-not-at-top
+  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
   return settings.from_config_dict(with_overrides(smoke.get_config(), overrides), jax.device_count())

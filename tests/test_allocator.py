@@ -1,4 +1,4 @@
-"""experiments.allocator: a freed large buffer is reused, not faulted in again."""
+"""experiments.runs.allocator: a freed large buffer is reused, not faulted in again."""
 
 import os
 import subprocess

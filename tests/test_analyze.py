@@ -10,7 +10,8 @@ import jax
 import pytest
 
 from configs import smoke
-from experiments import analyze, settings, trainer
+from experiments import analyze
+from experiments.runs import settings, trainer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -29,6 +30,7 @@ def test_sqrt_dk_statistics_follow_the_theory():
     ('tupe_r', {'attention_maps.png', 'position_terms.png', 'sinusoidal_table.png', 'sqrt_dk.png'}),
     ('alibi', {'attention_maps.png', 'position_terms.png', 'sinusoidal_table.png', 'sqrt_dk.png'}),
 ])
+@pytest.mark.slow
 def test_analyze_writes_the_figures_of_a_run(tmp_path, kind, expected):
   config = smoke.get_config()
   config.train.steps = 2

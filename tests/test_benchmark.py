@@ -1,4 +1,4 @@
-"""experiments.benchmark: a row per (variant, length), a table and a JSON file."""
+"""python -m experiments.benchmark (step, attention, matmul): a row per (variant, length), a table and a JSON file."""
 
 import json
 import math
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from experiments import benchmark, flops
+from experiments.benchmarks import flops, step
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -19,6 +19,7 @@ def test_model_flops_follow_the_palm_formula():
   assert flops.model_flops_per_step(1000, 2, 8, 4, 3) == 12 * (6000 + 768)
 
 
+@pytest.mark.slow
 def test_benchmark_prints_a_table_and_writes_json(tmp_path):
   output = tmp_path / 'bench.json'
   result = subprocess.run(
@@ -37,6 +38,7 @@ def test_benchmark_prints_a_table_and_writes_json(tmp_path):
   assert 0 < row['model_flops_utilisation'] < 1 and row['peak_memory_bytes'] > 0
 
 
+@pytest.mark.slow
 def test_benchmark_runs_bfloat16_with_remat_against_the_bfloat16_peak(tmp_path):
   output = tmp_path / 'bench.json'
   result = subprocess.run(
@@ -72,7 +74,7 @@ def test_peer_table_divides_ours_by_their_fastest_setting(capsys):
                  model_flops_utilisation=0.5),
             dict(variant='rope', length=256, implementation='x-transformers attn_flash', tokens_per_second=5000.0,
                  model_flops_utilisation=0.6)]
-  benchmark.print_peer_table(ours, theirs, peak=1e11)
+  step.print_peer_table(ours, theirs, peak=1e11)
   lines = capsys.readouterr().out.splitlines()
   rope, = [line for line in lines if line.startswith('rope')]
   assert rope.split() == ['rope', '256', '6000', '4000', '5000', '60.0%', '1.20x']
@@ -81,7 +83,7 @@ def test_peer_table_divides_ours_by_their_fastest_setting(capsys):
 
 def test_peer_model_starts_at_the_uniform_loss():
   pytest.importorskip('x_transformers')  # the optional extra; absent in CI
-  from experiments import peer  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
   for variant in peer.PEER_VARIANTS:
     row = peer.run_peer_row(variant, 16, 2, 1, 0, fused=variant not in peer.PEER_UNFUSABLE, vocab_size=64,
                             model_dim=32, num_layers=1, num_heads=2, feed_forward_dim=64)
@@ -89,9 +91,10 @@ def test_peer_model_starts_at_the_uniform_loss():
     assert abs(row['loss'] - math.log(64)) < 0.5, (variant, row['loss'])  # a fresh LM predicts ~uniformly
 
 
+@pytest.mark.slow
 def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_and_checks_the_cores_agree():
   result = subprocess.run(
-      [sys.executable, '-m', 'experiments.attention_benchmark', '--length=16', '--batch_size=1', '--num_heads=2',
+      [sys.executable, '-m', 'experiments.benchmark', 'attention', '--length=16', '--batch_size=1', '--num_heads=2',
        '--head_dim=4', '--clip_distance=2', '--repeats=1', '--block_size=6'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
       timeout=300)
@@ -128,9 +131,10 @@ def test_matmul_benchmark_skips_the_keys_after_each_causal_block():
   assert attention_flops(16) * 16 == attention_flops(0) * 10
 
 
+@pytest.mark.slow
 def test_matmul_benchmark_prints_every_kernel_on_all_cores_and_on_one():
   result = subprocess.run(
-      [sys.executable, '-m', 'experiments.matmul_benchmark', '--length=16', '--batch_size=2', '--block_size=8',
+      [sys.executable, '-m', 'experiments.benchmark', 'matmul', '--length=16', '--batch_size=2', '--block_size=8',
        '--model_dim=16', '--num_heads=2', '--feed_forward_dim=32', '--vocab_size=8', '--num_layers=1',
        '--repeats=1'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
@@ -141,7 +145,7 @@ def test_matmul_benchmark_prints_every_kernel_on_all_cores_and_on_one():
   assert len(rows) == 15 + 2 * 6  # 5 dense layers x 3 matmuls, 2 block shapes x 6
   assert all(float(row.split()[-1].rstrip('x')) > 0 for row in rows)
   assert lines[-1].startswith('per step: dense matmuls') and lines[-1].endswith('MFU')
-  bad = subprocess.run([sys.executable, '-m', 'experiments.matmul_benchmark', '--model_dim=30', '--num_heads=4'],
+  bad = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'matmul', '--model_dim=30', '--num_heads=4'],
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                        timeout=300)
   assert bad.returncode != 0 and '--model_dim: got 30' in bad.stderr

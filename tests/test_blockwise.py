@@ -108,6 +108,7 @@ def test_a_masked_first_key_block_leaves_no_trace_in_outputs_values_terms_or_gra
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monkeypatch):
   """Against the same parameters without blocks, one layer, blocks of 3 queries over 7 positions:
@@ -152,6 +153,7 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('clip_distance,key_block_size', [(1, 0), (3, 2), (4, 0)])
 def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(clip_distance, key_block_size,
                                                                               monkeypatch):

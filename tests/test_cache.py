@@ -22,6 +22,7 @@ def _fed_in_chunks(run, cache, target_BxL):
   return jnp.concatenate(logits, axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   """Encoder-decoder with source padding (post-LN) and decoder-only (pre-LN), both with causal
@@ -51,6 +52,7 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
                              atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_cached_decoding_picks_the_tokens_of_decoding_without_a_cache():
   """The decoding loops (the logits test above covers every variant's steps), on ALiBi's shared bias."""
   config = tiny('alibi')
@@ -91,6 +93,7 @@ def test_beam_search_reorders_the_cache_rows_with_their_hypotheses():
   np.testing.assert_array_equal(reordered['positions'], cache['positions'])
 
 
+@pytest.mark.slow
 def test_a_real_decoder_cache_keeps_its_memory_under_cross_attention():
   """The reorder recognises cross-attention by its module name: the encoder-decoder's cache has it."""
   model = T.EncoderDecoder(tiny('rope'))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import classify as classify_config
-from experiments import settings
+from experiments.runs import settings
 from experiments.data import shakespeare as shakespeare_data
 from experiments.tasks.base import TaskSettings
 from experiments.tasks.classify import PAD, PLAYS, Classify, speeches

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from experiments.metrics import read_metrics, without_wall_clock
+from experiments.runs.metrics import read_metrics, without_wall_clock
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -44,6 +44,7 @@ def test_missing_config_file_and_missing_workdir_are_one_line_errors(tmp_path):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_a_restart_matches_an_uninterrupted_run(tmp_path):
   steps = ['--config.train.steps=60', '--config.train.log_every=1', '--config.train.eval_every=30',
            '--config.train.checkpoint_every=100']
@@ -71,6 +72,7 @@ def test_sigterm_saves_and_a_restart_matches_an_uninterrupted_run(tmp_path):
   assert without_wall_clock(read_metrics(str(interrupted))) == without_wall_clock(read_metrics(str(tmp_path / 'full')))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('stop,when', [(signal.SIGINT, 'importing'), (signal.SIGTERM, 'compiling')])
 def test_a_stop_during_start_up_exits_cleanly_and_the_rerun_is_the_uninterrupted_run(tmp_path, stop, when):
   """Ctrl-C or SIGTERM while the command imports JAX or compiles: exit code 0, no traceback, nothing
@@ -102,6 +104,7 @@ def _free_port() -> int:
     return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_two_processes_on_loopback_match_one_process(tmp_path, parallel):
   common = [f'--config.parallel={parallel}', '--config.train.log_every=1']

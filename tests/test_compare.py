@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from experiments import results
-from experiments.results import error_line
+from experiments.sweeps import results
+from experiments.sweeps.results import error_line
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -27,6 +27,7 @@ def _compare(workdir, *extra):
           '--seeds=1', f'--workdir={workdir}', '--config.train.steps=10', '--config.train.eval_every=10', *extra]
 
 
+@pytest.mark.slow
 def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
   (tmp_path / 'failures.json').write_text(json.dumps({'rope-seed3': 'exit code 1: from another sweep'}))
   (tmp_path / 'alibi-seed0').mkdir()
@@ -63,6 +64,7 @@ def test_a_bad_sweep_is_refused_in_one_line_before_any_run_starts(tmp_path, extr
   assert not (tmp_path / 'sweep').exists()
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_path):
   uninterrupted = subprocess.run(_compare(tmp_path / 'whole'), cwd=ROOT, env=_environment(), capture_output=True,
                                  text=True, timeout=900)
@@ -99,6 +101,7 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
   assert {str(p): p.stat().st_mtime_ns for p in sweep.glob('**/*') if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_forecast_sweep_tabulates_errors_beside_its_baselines_and_an_lstm_row(tmp_path):
   command = [sys.executable, '-m', 'experiments.compare', '--config=configs/forecast.py:sunspots',
              '--positions=rope', '--baselines=lstm', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
@@ -158,6 +161,7 @@ def _alive(pid) -> bool:
   return not open(f'/proc/{pid}/stat').read().split(') ')[1].startswith('Z')
 
 
+@pytest.mark.slow
 def test_stopping_a_sweep_stops_its_run_cleanly_and_a_rerun_resumes(tmp_path):
   """SIGTERM to compare is passed on: the run checkpoints and exits, compare exits 0. kill -9 of compare
   leaves no run behind either (its child is sent SIGTERM when it dies). A rerun resumes the run."""

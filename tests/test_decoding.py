@@ -10,10 +10,11 @@ import pytest
 
 import transformer
 from configs import algorithmic
-from experiments import decoding, settings, trainer
+from experiments.runs import decoding, settings, trainer
 from experiments.tasks import TASKS
 
 
+@pytest.mark.slow
 def test_greedy_decoding_of_a_trained_copy_model_reproduces_its_inputs(tmp_path):
   config = algorithmic.get_config('copy')
   config.task.vocab_size = 5

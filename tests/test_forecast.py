@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import forecast as forecast_config
-from experiments import evaluation, settings, trainer
+from experiments.runs import evaluation, settings, trainer
 from experiments.data import series as series_data
 from experiments.data.manifest import DataError
 from experiments.tasks import TASKS
@@ -159,6 +159,7 @@ def test_bad_forecast_settings_name_the_field(change, message):
     settings.from_config_dict(config, jax.device_count())
 
 
+@pytest.mark.slow
 def test_a_learned_table_covers_every_evaluation_with_the_cls_token_in_front(tmp_path):
   """A window of 100 is padded for evaluation to at most 127 values, so that with [CLS] in front it
   fits the 128 rows of a learned table (padded to 128, the model saw 129 positions and failed)."""

@@ -11,6 +11,7 @@ from tests.helpers import assert_causal, init, tiny, tokens
 L = 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('norm', ['post', 'pre'])
 def test_decoder_only_is_causal(norm):
   config = tiny(norm=norm)
@@ -49,6 +50,7 @@ def _pad(x, extra, value=0):
   return jnp.concatenate([x, jnp.full((x.shape[0], extra), value, x.dtype)], axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_padding_does_not_change_unpadded_outputs(kind):
   config = tiny(kind)
@@ -108,6 +110,7 @@ def _models_and_inputs():
   ]
 
 
+@pytest.mark.slow
 def test_jit_gives_the_results_of_eager_execution():
   """Eager against jitted, in training (dropout on) and in evaluation, for every model kind; one
   compile per model (both modes in one program)."""
@@ -199,6 +202,7 @@ def test_encoder_decoder_greedy_decode_matches_a_naive_loop():
   np.testing.assert_array_equal(decoded, target[:, 1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch):
   """Where fused attention is preferred (GPUs) and no caller collects the weights, attention goes
@@ -227,6 +231,7 @@ def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch
     np.testing.assert_allclose(fused, explicit, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['shaw', 't5', 'rope'])
 def test_rematerialised_layers_give_the_same_outputs_and_gradients(kind):
   inputs = tokens(2, 7)
@@ -246,6 +251,7 @@ def test_rematerialised_layers_give_the_same_outputs_and_gradients(kind):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_bfloat16_compute_keeps_float32_parameters_and_close_outputs(kind):
   """Activations in bfloat16, parameters and logits in float32; outputs within bfloat16's

@@ -39,6 +39,7 @@ def test_recurrent_encoder_ignores_padding(bidirectional):
                              model.apply(params, x), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_recurrent_encoder_decoder_greedy_decodes():
   config = tiny(architecture='lstm')
   model = T.RecurrentEncoderDecoder(config)

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from configs import shakespeare as shakespeare_config
-from experiments import checkpoints, settings, trainer
-from experiments.checkpoints import CheckpointMismatch
+from experiments.runs import checkpoints, settings, trainer
+from experiments.runs.checkpoints import CheckpointMismatch
 from experiments.data import shakespeare as shakespeare_data
-from experiments.metrics import MetricsDamaged, read_metrics, without_wall_clock
+from experiments.runs.metrics import MetricsDamaged, read_metrics, without_wall_clock
 from tests.helpers import smoke_experiment
 from experiments.tasks.algorithmic import Copy
 
@@ -128,6 +128,7 @@ def _assert_metrics_of_the_whole_run(tmp_path, run):
   assert without_wall_clock(read_metrics(str(run))) == without_wall_clock(read_metrics(str(tmp_path / 'whole')))
 
 
+@pytest.mark.slow
 def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_path):
   run, schedule = _checkpointed_runs(tmp_path)
   assert sorted(os.listdir(run / 'checkpoints')) == ['10', '15', '5']
@@ -297,6 +298,7 @@ def _wait_for_lines(path, count, timeout=240):
   raise TimeoutError(f'{path} never reached {count} lines')
 
 
+@pytest.mark.slow
 def test_kill_9_then_restart_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
   whole = subprocess.run(_command(tmp_path / 'whole'), cwd=ROOT, env=_environment(), capture_output=True, text=True,
                          timeout=600)
@@ -316,6 +318,7 @@ def test_kill_9_then_restart_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
   assert without_wall_clock(read_metrics(str(run))) == without_wall_clock(read_metrics(str(tmp_path / 'whole')))
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_workdir_refuses(tmp_path):
   run = tmp_path / 'run'
   first = subprocess.Popen(_command(run, '--config.train.steps=100000'), cwd=ROOT, env=_environment(),

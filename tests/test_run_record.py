@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from experiments import run_record, settings, trainer
-from experiments.metrics import read_metrics, without_wall_clock
+from experiments.runs import run_record, settings, trainer
+from experiments.runs.metrics import read_metrics, without_wall_clock
 from tests.helpers import smoke_experiment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -111,6 +111,7 @@ def test_a_workdir_with_results_but_no_config_is_refused(tmp_path):
     trainer.run(smoke_experiment(), str(tmp_path))
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_with_one_line_per_field_and_exit_code_2(tmp_path):
   environment = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
                      PYTHONPATH=str(ROOT))

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from configs import base, smoke
-from experiments import settings
+from experiments.runs import settings
 from tests.helpers import with_overrides
 
 BAD_VALUES = [  # (overrides on configs/smoke.py, what the one line must say); 8 devices

@@ -12,7 +12,7 @@ import transformer
 from configs import algorithmic, base, classify as classify_config, forecast as forecast_config
 from configs import shakespeare as shakespeare_config, smoke, tracing as tracing_config
 from configs import translation as translation_config
-from experiments import evaluation, settings, trainer
+from experiments.runs import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
 from experiments.data.manifest import DataError
 from experiments.tasks import TASKS
@@ -176,6 +176,7 @@ def test_bucket_lengths():
   assert evaluation.bucket_length(201, cap=200) == 256
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['decoder_only', 'encoder_decoder'])
 def test_padding_to_a_bucket_leaves_the_metrics_unchanged(kind):
   task = _task('reverse', kind)
@@ -213,6 +214,7 @@ CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t 
     ('translation.py', translation_config.get_config)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,make', CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_every_config_trains_end_to_end(tmp_path, name, make):
   config = make()
@@ -226,6 +228,7 @@ def test_every_config_trains_end_to_end(tmp_path, name, make):
   assert (tmp_path / 'summary.json').exists()
 
 
+@pytest.mark.slow
 def test_evaluating_many_lengths_compiles_once_per_bucket(tmp_path):
   config = algorithmic.get_config('copy')
   experiment = _quick(config, **{'task.eval_lengths': (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14),
@@ -233,19 +236,19 @@ def test_evaluating_many_lengths_compiles_once_per_bucket(tmp_path):
   task = TASKS['copy'](experiment.task)
   lengths = {evaluation.bucket_length(task.sequence_length(n)) for n in experiment.task.eval_lengths}
   assert len(lengths) == 3  # 13 lengths, 3 buckets: 8, 16, 32
-  from experiments import training
+  from experiments.runs import steps
   traced = []
-  original = training.eval_step
+  original = steps.eval_step
 
   def counting(params, batch, **kwargs):
     traced.append(batch['inputs'].shape)
     return original(params, batch, **kwargs)
 
-  training.eval_step = counting
+  steps.eval_step = counting
   try:
     trainer.run(experiment, str(tmp_path))
   finally:
-    training.eval_step = original
+    steps.eval_step = original
   assert len(traced) == 3, traced
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import transformer as T
 from configs import tracing as tracing_config
-from experiments import settings
+from experiments.runs import settings
 from experiments.data import sat
 from experiments.tasks.base import BOS, PAD, TaskSettings
 from experiments.tasks.tracing import (CORRECT, FIRST_ITEM, HISTOGRAM_BINS, NO_ANSWER, WRONG, Tracing,

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import trainer
-from experiments.metrics import read_metrics, without_wall_clock
+from experiments.runs import trainer
+from experiments.runs.metrics import read_metrics, without_wall_clock
 from tests.helpers import smoke_experiment
 
 
@@ -89,6 +89,7 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
       read_metrics(str(tmp_path / 'full')))
 
 
+@pytest.mark.slow
 def test_dropout_runs_and_differs_from_no_dropout(tmp_path):
   trainer.run(smoke_experiment(**{'model.dropout_rate': 0.3}), str(tmp_path / 'dropout'))
   trainer.run(smoke_experiment(), str(tmp_path / 'plain'))

@@ -13,7 +13,7 @@ import sacrebleu
 
 import transformer as T
 from configs import translation as translation_config
-from experiments import settings, trainer
+from experiments.runs import settings, trainer
 from experiments.data import bible, prepare_bible
 from experiments.tasks.base import BOS, EOS, PAD, TaskSettings
 from experiments.tasks.translation import Translation, longest_target
@@ -114,6 +114,7 @@ def test_text_stops_at_the_end_of_sequence_and_maps_the_unknown_piece():
   assert task.text([BOS, 2]) == '<unk>'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['rope', 'sinusoidal'])
 def test_beam_search_with_one_beam_is_greedy_decoding(kind):
   config = tiny(kind, vocab_size=6)
@@ -128,6 +129,7 @@ def test_beam_search_with_one_beam_is_greedy_decoding(kind):
     assert np.all(b[end:] == 0)
 
 
+@pytest.mark.slow
 def test_a_beam_as_wide_as_every_hypothesis_finds_the_best_by_brute_force():
   """With beam_size >= V ** max_length nothing is pruned, so beam search must return the
   hypothesis of highest length-normalised log-probability among all of them, scored here one by one
@@ -165,6 +167,7 @@ def test_bad_settings_name_the_field(field, value, message):
     settings.from_config_dict(config, 1)
 
 
+@pytest.mark.slow
 def test_the_translate_command_scores_every_held_out_verse_of_a_bucket_and_every_run_of_a_sweep(tmp_path):
   sweep = tmp_path / 'sweep'
   for kind in ('sinusoidal', 'rope'):

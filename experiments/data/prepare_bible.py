@@ -28,7 +28,7 @@ import re
 import tarfile
 import tempfile
 
-from experiments.files import sha256_of_file
+from experiments.shared.files import sha256_of_file
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bible')
 VOCABULARY_SIZE = 4000

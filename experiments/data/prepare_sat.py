@@ -24,7 +24,7 @@ import zipfile
 
 import numpy as np
 
-from experiments.files import sha256_of_file
+from experiments.shared.files import sha256_of_file
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sat')
 PACKAGE = ('irtorch', '0.5.6')

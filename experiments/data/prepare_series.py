@@ -27,7 +27,7 @@ import sys
 import tempfile
 import zipfile
 
-from experiments.files import sha256_of_file
+from experiments.shared.files import sha256_of_file
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'series')
 BOKEH = ('bokeh-sampledata', '2026.1')

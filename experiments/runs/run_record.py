@@ -14,7 +14,7 @@ import json
 import os
 from typing import Optional
 
-from experiments.files import append_line_durably, write_json_atomically
+from experiments.shared.files import append_line_durably, write_json_atomically
 
 CONFIG_FILE = 'config.json'
 CHANGES_FILE = 'config_changes.jsonl'

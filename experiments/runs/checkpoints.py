@@ -3,7 +3,7 @@ temporary directory, renamed when complete), the last K kept, the newest restora
 
 Each finished checkpoint gets a digest, WORKDIR/checkpoints.digests/<step>.json: the SHA-256 of every
 file orbax wrote, and what the checkpoint covers (the metrics records written up to it, see
-experiments/metrics.py). A restore checks the digest first. A checkpoint that cannot be used (its
+experiments/runs/metrics.py). A restore checks the digest first. A checkpoint that cannot be used (its
 bytes changed, a kill during a copy, a damaged disk, or metrics that no longer hold what it covers)
 is moved, never deleted, to WORKDIR/checkpoints.unreadable/ with a warning, and the next older one
 is tried. A checkpoint whose shapes differ from the config's is an error that leaves it untouched.
@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 import transformer
-from experiments.files import sha256_of_file, write_json_atomically
+from experiments.shared.files import sha256_of_file, write_json_atomically
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
 
@@ -177,7 +177,7 @@ def _check_shapes(restored, template, step: int, directory: str) -> None:
 def load_run(workdir: str):
   """(model config, task, params) of the newest checkpoint, under the run's configuration (config.json
   with its recorded changes). A checkpoint whose bytes no longer match its digest is a ValueError."""
-  from experiments import run_record  # pylint: disable=g-import-not-at-top
+  from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
   resolved = run_record.stored_config(workdir)
   if resolved is None:
     raise FileNotFoundError(f'{workdir}/{run_record.CONFIG_FILE}: missing; valid: the --workdir of a training run')

@@ -9,8 +9,8 @@ import os
 import re
 from typing import Optional
 
-from experiments import run_record
-from experiments.files import write_json_atomically, write_text_atomically
+from experiments.runs import run_record
+from experiments.shared.files import write_json_atomically, write_text_atomically
 
 FAILURES_FILE = 'failures.json'
 EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line

@@ -1,9 +1,9 @@
 """Every matmul of one training step of the benchmark's reference model, timed alone, on all cores
 and on one: where the step's time goes, and the model FLOPs utilisation its matmuls alone allow.
 
-  python -m experiments.matmul_benchmark [--length=256] [--batch_size=16] [--block_size=128]
+  python -m experiments.benchmark matmul [--length=256] [--batch_size=16] [--block_size=128]
 
-The reference model of experiments.benchmark (decoder-only, d_model 256, 4 layers, 4 heads, d_ff
+The reference model of experiments.benchmarks.step (decoder-only, d_model 256, 4 layers, 4 heads, d_ff
 1024, vocabulary 256, float32). Dense layers: the forward x W (N x I times I x O), the input
 gradient dY W^T and the weight gradient X^T dY, once per layer. Causal attention as the models run
 it (transformer/blockwise.py): per block of queries, against the keys it may see, batched over
@@ -12,7 +12,7 @@ block is recomputed), dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q. Each 
 jit-compiled einsum, median of --repeats calls; the same kernels then run in a process pinned to
 one core, so the last column says which kernels use the second core. The summary adds each kernel's
 time times its count in a step: a step made of nothing but these matmuls, one after another at these
-rates, takes that long, and its model FLOPs (experiments.benchmark's count, N the weight matrices
+rates, takes that long, and its model FLOPs (experiments.benchmarks.step's count, N the weight matrices
 only) over that time and the matmul peak give the MFU such a step would reach. An estimate, not a
 bound: each call alone also pays a dispatch, and in the real step independent thunks may overlap.
 """
@@ -24,8 +24,8 @@ import sys
 
 from absl import flags
 
-from experiments import cli
-from experiments.flops import matmul_peak, median_seconds, model_flops_per_step, step_kernels
+from experiments.shared import cli
+from experiments.benchmarks.flops import matmul_peak, median_seconds, model_flops_per_step, step_kernels
 
 _LENGTH = flags.DEFINE_integer('length', 256, 'Sequence length.')
 _BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.')
@@ -69,7 +69,7 @@ def main(argv):
     print(json.dumps(time_kernels(kernels, _REPEATS.value)))
     return
   every_core = time_kernels(kernels, _REPEATS.value)
-  result = subprocess.run([sys.executable, '-m', 'experiments.matmul_benchmark', '--one_core',
+  result = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'matmul', '--one_core',
                            *[a for a in sys.argv[1:] if not a.startswith('--one_core')]],
                           capture_output=True, text=True, check=False)
   if result.returncode != 0:

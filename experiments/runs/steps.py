@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
-from experiments.settings import Experiment, TrainSettings
+from experiments.runs.settings import Experiment, TrainSettings
 from experiments.tasks.base import Task
 
 

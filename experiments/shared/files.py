@@ -29,8 +29,8 @@ def write_text_atomically(path: str, text: str) -> None:
   write_bytes_atomically(path, text.encode('utf-8'))
 
 
-def write_json_atomically(path: str, payload) -> None:
-  write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=True))
+def write_json_atomically(path: str, payload, sort_keys: bool = True) -> None:
+  write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys))
 
 
 def append_line_durably(path: str, line: str) -> None:

@@ -4,7 +4,7 @@ attention core the library can run, timed side by side in one process (alternati
 gather and scatter-add, and what the layouts and blocks of transformer/attention.py buy over
 jax.nn.dot_product_attention.
 
-  python -m experiments.attention_benchmark [--length=1024] [--batch_size=4] [--num_heads=4] [--head_dim=64]
+  python -m experiments.benchmark attention [--length=1024] [--batch_size=4] [--num_heads=4] [--head_dim=64]
 
 Rows: plain causal attention (contracting the B x L x H x K layout); Shaw's logits and values terms
 by gather and scatter-add, by the distance layout, and on the causal band of blockwise attention
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from transformer import attention, blockwise, masks
 from transformer.positions import relative, shaw, t5
-from experiments import cli
+from experiments.shared import cli
 
 _LENGTH = flags.DEFINE_integer('length', 1024, 'Sequence length.')
 _BATCH = flags.DEFINE_integer('batch_size', 4, 'Sequences.')

@@ -1,7 +1,7 @@
 """What every command shares: a refusal is one line on stderr and exit code 2; flags and config
 overrides are checked before anything else happens; SIGTERM and Ctrl-C end it cleanly.
 
-  from experiments import cli
+  from experiments.shared import cli
   if __name__ == '__main__':
     cli.run(main)
 """
@@ -14,7 +14,7 @@ from typing import NoReturn, Optional
 
 from absl import app, flags, logging
 
-from experiments.signals import STOP, Interrupted
+from experiments.shared.signals import STOP, Interrupted
 
 CONFIG_PREFIX = '--config.'
 
@@ -115,7 +115,7 @@ def quiet_orbax(record) -> bool:
 
 def run(main) -> None:
   """app.run(main) with one-line flag errors, orbax quietened, and SIGTERM/SIGINT handled from the
-  first moment (experiments/signals.py): a stop ends the command with exit code 0 and one line."""
+  first moment (experiments/shared/signals.py): a stop ends the command with exit code 0 and one line."""
   STOP.install()
 
   def guarded(argv):

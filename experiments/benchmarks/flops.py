@@ -1,5 +1,5 @@
 """Model FLOPs of a training step and the machine's own matmul peak: the two halves of model FLOPs
-utilisation (experiments.benchmark), and the matmuls a step is made of (experiments.matmul_benchmark)."""
+utilisation (`python -m experiments.benchmark`), and the matmuls a step is made of (`... benchmark matmul`)."""
 
 import statistics
 import time

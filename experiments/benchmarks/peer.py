@@ -1,4 +1,4 @@
-"""The same benchmark row on x-transformers (PyTorch), the yardstick of `experiments.benchmark --peer`.
+"""The same benchmark row on x-transformers (PyTorch), the yardstick of `python -m experiments.benchmark --peer`.
 
 An optional extra, never imported by the library or the training code: `pip install -e '.[peer]'`
 (on a CPU-only machine install PyTorch's CPU build first, or pip takes a CUDA build of several GB).
@@ -41,7 +41,7 @@ def peer_available() -> bool:
 
 def run_peer_row(variant: str, length: int, batch: int, steps: int, warmup: int, *, fused: bool,
                  vocab_size: int, model_dim: int, num_layers: int, num_heads: int, feed_forward_dim: int) -> dict:
-  """One training-step timing of x-transformers; the keys match `experiments.benchmark.run_row`."""
+  """One training-step timing of x-transformers; the keys match `experiments.benchmarks.step.run_row`."""
   import torch  # pylint: disable=g-import-not-at-top
   import x_transformers  # pylint: disable=g-import-not-at-top
   if variant not in PEER_VARIANTS:

@@ -16,7 +16,7 @@ from typing import Optional
 
 from absl import logging
 
-from experiments.files import write_text_atomically
+from experiments.shared.files import write_text_atomically
 
 METRICS_FILE = 'metrics.jsonl'
 WALL_CLOCK_FIELDS = ('wall_time', 'tokens_per_second', 'steps_per_second')

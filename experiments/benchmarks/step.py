@@ -1,0 +1,216 @@
+"""Training-step speed and memory of every positional variant, against the machine's own matmul peak.
+
+  python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
+                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--attention_block_size=0]
+                                  [--attention_key_block_size=512] [--peer] [--json=benchmark.json]
+
+Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
+4 heads, d_ff 1024. Each (variant, length) runs in its own subprocess, so compile caches and peak
+memory do not leak between rows. Reported: compile time; step time (median, min, max over --steps
+timed steps after --warmup); tokens/s; model FLOPs utilisation against a float32 matmul peak
+measured in the same run; peak memory (device memory on an accelerator, resident memory on a CPU).
+With --peer, each variant x-transformers has (none, learned, sinusoidal, rope, alibi, t5) is also run
+on x-transformers right after ours, with and without its fused attention (experiments/benchmarks/peer.py), and a
+second table gives ours / theirs at their fastest setting.
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from experiments.shared import cli
+from experiments.benchmarks.flops import matmul_peak, model_flops_per_step
+
+_POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
+_LENGTHS = flags.DEFINE_string('lengths', '256,1024', 'Comma-separated sequence lengths.')
+_BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.')
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per row.')
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
+_MODEL_DIM = flags.DEFINE_integer('model_dim', 256, 'd_model.')
+_LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.')
+_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
+_FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.')
+_VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.')
+_DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
+                           'Activations and matmuls (parameters stay float32); MFU is against the peak of this dtype.')
+_REMAT = flags.DEFINE_boolean('remat', False, 'Recompute layer activations in the backward pass.')
+_BLOCK = flags.DEFINE_integer('attention_block_size', 128,
+                              'Causal attention this many queries at a time beyond it, as the experiments do by '
+                              'default (configs/base.py); 0: one L x L softmax.')
+_KEY_BLOCK = flags.DEFINE_integer('attention_key_block_size', 0,
+                                  'With blocks: keys per online-softmax block (0: all keys a block may see).')
+_PEER = flags.DEFINE_boolean('peer', False,
+                             'Also time x-transformers (PyTorch) on the same config and variants, alternating with '
+                             "ours, with and without its fused attention; needs pip install -e '.[peer]'.")
+_JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file.')
+_ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "variant:length", and print its JSON.')
+_PEER_ROW = flags.DEFINE_enum('peer_row', None, ['fused', 'unfused'], 'Internal: run --row on x-transformers.')
+
+
+def run_row(variant: str, length: int) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top
+  config = transformer.ModelConfig(
+      vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value,
+      feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
+      norm='pre', position=transformer.PositionConfig(kind=variant, max_length=max(length, 512)),
+      compute_dtype=_DTYPE.value, remat=_REMAT.value, attention_block_size=_BLOCK.value,
+      attention_key_block_size=_KEY_BLOCK.value)
+  model = transformer.DecoderOnly(config)
+  batch = _BATCH.value
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, length + 1), 0, _VOCAB.value)
+  params = model.init(jax.random.PRNGKey(0), tokens[:, :-1])['params']
+  optimizer = optax.adamw(1e-4)
+  state = (params, optimizer.init(params))
+
+  def step(state, tokens):
+    params, opt_state = state
+
+    def loss(p):
+      logits = model.apply({'params': p}, tokens[:, :-1])
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), value
+
+  start = time.perf_counter()
+  compiled = jax.jit(step, donate_argnums=0).lower(state, tokens).compile()
+  compile_seconds = time.perf_counter() - start
+  for _ in range(_WARMUP.value):
+    state, value = compiled(state, tokens)
+  value.block_until_ready()
+  times = []
+  for _ in range(_STEPS.value):
+    start = time.perf_counter()
+    state, value = compiled(state, tokens)
+    value.block_until_ready()
+    times.append(time.perf_counter() - start)
+  device = jax.devices()[0]
+  stats = device.memory_stats() if device.platform != 'cpu' else None
+  peak_bytes = stats['peak_bytes_in_use'] if stats else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  count = sum(int(p.size) for p in jax.tree_util.tree_leaves(params))
+  median = statistics.median(times)
+  flops = model_flops_per_step(count, _LAYERS.value, _MODEL_DIM.value, length, batch)
+  return dict(variant=variant, length=length, batch=batch, parameters=count, compile_seconds=compile_seconds,
+              step_seconds_median=median, step_seconds_min=min(times), step_seconds_max=max(times),
+              tokens_per_second=batch * length / median, model_flops_per_second=flops / median,
+              peak_memory_bytes=peak_bytes, memory_kind='device' if stats else 'resident (CPU)',
+              device=device.device_kind, loss=float(value))
+
+
+def main(argv):
+  del argv
+  if _ROW.value:
+    variant, length = _ROW.value.split(':')
+    if _PEER_ROW.value:
+      from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
+      row = peer.run_peer_row(variant, int(length), _BATCH.value, _STEPS.value, _WARMUP.value,
+                              fused=_PEER_ROW.value == 'fused', vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value,
+                              num_layers=_LAYERS.value, num_heads=_HEADS.value, feed_forward_dim=_FF.value)
+      row['model_flops_per_second'] = model_flops_per_step(
+          row['parameters'], _LAYERS.value, _MODEL_DIM.value, int(length), _BATCH.value) / row['step_seconds_median']
+    else:
+      row = run_row(variant, int(length))
+    print(json.dumps(row))
+    return
+  import transformer  # pylint: disable=g-import-not-at-top
+  variants = list(transformer.VARIANTS) if _POSITIONS.value == 'all' else _POSITIONS.value.split(',')
+  unknown = [v for v in variants if v not in transformer.VARIANTS]
+  if unknown:
+    cli.fail(f'--positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}')
+  lengths = [int(n) for n in _LENGTHS.value.split(',')]
+  if _PEER.value:
+    from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
+    if not peer.peer_available():
+      cli.fail(peer.INSTALL_HINT)
+    if _DTYPE.value != 'float32' or _REMAT.value:
+      cli.fail('--peer compares the float32 reference step; drop --compute_dtype and --remat')
+  peak = matmul_peak(dtype=_DTYPE.value)
+  passthrough = [a for a in sys.argv[1:] if not a.startswith(('--positions', '--lengths', '--json', '--peer'))]
+
+  def measure(variant: str, length: int, peer_setting: str | None = None) -> dict:
+    command = [sys.executable, '-m', 'experiments.benchmark', 'step', f'--row={variant}:{length}', *passthrough]
+    implementation = 'ours'
+    if peer_setting:
+      command.append(f'--peer_row={peer_setting}')
+      implementation = 'x-transformers' + (' attn_flash' if peer_setting == 'fused' else '')
+    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
+    if result.returncode != 0:
+      return dict(variant=variant, length=length, implementation=implementation,
+                  error=(result.stderr.strip().splitlines() or ['no output'])[-1])
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    row.setdefault('implementation', implementation)
+    row['model_flops_utilisation'] = row['model_flops_per_second'] / peak
+    return row
+
+  rows, peer_rows = [], []
+  for length in lengths:
+    for variant in variants:
+      rows.append(measure(variant, length))
+      if _PEER.value and variant in peer.PEER_VARIANTS:  # alternating: ours, then theirs, per row
+        for setting in ('unfused',) if variant in peer.PEER_UNFUSABLE else ('unfused', 'fused'):
+          peer_rows.append(measure(variant, length, setting))
+  header = (f'{"variant":<11} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
+            f'{"MFU":>6} {"vs none":>7} {"peak MiB":>9}')
+  print(f'matmul peak ({_DTYPE.value}, measured now): {peak / 1e9:.1f} GFLOP/s'
+        f'{"; layers rematerialised" if _REMAT.value else ""}'
+        f'{f"; attention in blocks of {_BLOCK.value} queries" if _BLOCK.value else ""}'
+        f'{f" and {_KEY_BLOCK.value} keys" if _BLOCK.value and _KEY_BLOCK.value else ""}')
+  print(header)
+  baseline = {r['length']: r['step_seconds_median'] for r in rows if r.get('variant') == 'none' and 'error' not in r}
+  for row in rows:
+    if 'error' in row:
+      print(f'{row["variant"]:<11} {row["length"]:>6} failed: {row["error"]}')
+      continue
+    ratio = row['step_seconds_median'] / baseline[row['length']] if row['length'] in baseline else float('nan')
+    print(f'{row["variant"]:<11} {row["length"]:>6} {row["compile_seconds"]:>9.1f} '
+          f'{1e3 * row["step_seconds_median"]:>8.1f} ({1e3 * row["step_seconds_min"]:.0f}-'
+          f'{1e3 * row["step_seconds_max"]:.0f}) {row["tokens_per_second"]:>9.0f} '
+          f'{100 * row["model_flops_utilisation"]:>5.1f}% {ratio:>6.2f}x {row["peak_memory_bytes"] / 2**20:>9.0f}')
+  if peer_rows:
+    print_peer_table(rows, peer_rows, peak)
+  if _JSON.value:
+    from experiments.shared.files import write_json_atomically  # pylint: disable=g-import-not-at-top
+    write_json_atomically(_JSON.value, dict(matmul_peak_flops=peak, compute_dtype=_DTYPE.value, remat=_REMAT.value,
+                                            attention_block_size=_BLOCK.value,
+                                            attention_key_block_size=_KEY_BLOCK.value, rows=rows,
+                                            peer_rows=peer_rows))
+
+
+def print_peer_table(rows: list, peer_rows: list, peak: float) -> None:
+  """Ours against x-transformers at its fastest setting for the same variant and length."""
+  print(f'\nagainst x-transformers (same config, same run; MFU against the same {peak / 1e9:.1f} GFLOP/s)')
+  print(f'{"variant":<11} {"length":>6} {"ours tok/s":>10} {"theirs tok/s":>12} {"fused tok/s":>11} '
+        f'{"their MFU":>9} {"ours / best":>11}')
+  for row in rows:
+    theirs = [r for r in peer_rows if (r['variant'], r['length']) == (row['variant'], row['length'])]
+    if not theirs:
+      continue
+    timed = {r['implementation']: r for r in theirs if 'error' not in r}
+    unfused = next((r for name, r in timed.items() if not name.endswith('attn_flash')), None)
+    fused = next((r for name, r in timed.items() if name.endswith('attn_flash')), None)
+    best = max(timed.values(), key=lambda r: r['tokens_per_second'], default=None)
+    ours = row.get('tokens_per_second')
+
+    def cell(r, width):
+      return f'{r["tokens_per_second"]:>{width}.0f}' if r else f'{"-":>{width}}'
+
+    ratio = f'{ours / best["tokens_per_second"]:>10.2f}x' if ours and best else f'{"-":>11}'
+    their_mfu = f'{100 * best["model_flops_utilisation"]:>8.1f}%' if best else f'{"-":>9}'
+    print(f'{row["variant"]:<11} {row["length"]:>6} {cell(row if ours else None, 10)} {cell(unfused, 12)} '
+          f'{cell(fused, 11)} {their_mfu} {ratio}')
+  for r in peer_rows:
+    if 'error' in r:
+      print(f'{r["variant"]:<11} {r["length"]:>6} {r["implementation"]} failed: {r["error"]}')
+
+
+if __name__ == '__main__':
+  cli.run(main)

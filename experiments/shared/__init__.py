@@ -1,0 +1,1 @@
+"""What every command shares: one-line refusals and flag parsing, stop signals, durable file writes."""

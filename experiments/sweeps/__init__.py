@@ -1,0 +1,1 @@
+"""Many runs: the tables and plots of a comparison (no JAX)."""
