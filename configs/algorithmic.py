@@ -9,7 +9,7 @@ CPU time: about 4 minutes per run on a 2-core machine (2,000 steps of a 3-layer,
           parity about 1 minute; addition (4,000 steps, 128 wide) 14-17 minutes and recall (8,000
           steps, 128 wide, 8 heads) 58 minutes, each beside two to four other runs.
 Expected (measured, seed 0, token accuracy at the training size L, whole sequences in brackets;
-          docs/results/ and the README hold the tables for copy, reverse and addition):
+          docs/results.md holds the tables for copy, reverse and addition):
           copy     1.000 for all nine variants (1.000; tupe_r 0.992); greedy decoding exact on
                    0.998-1.000 of sizes 1-16 (python -m experiments.exact_match); beyond L ALiBi
                    keeps 0.97 at 1.5L, the others 0.10-0.79
@@ -17,12 +17,9 @@ Expected (measured, seed 0, token accuracy at the training size L, whole sequenc
           sort     none 1.000 (still 0.97 at 4L), sinusoidal 1.000 (0.68 at 4L), rope 1.000 (0.99; 0.34 at 4L)
           parity   1.000 (1.00) for none, sinusoidal and rope; beyond L 0.67-0.88
           addition none, sinusoidal and rope 1.000 (1.00); beyond L at most 0.31 (none at 12
-                   digits). The README's table of all nine is at the earlier 64-wide, 2,000-step
-                   budget (rope 1.000, t5 0.992, the others 0.36-0.85)
+                   digits)
           recall   (8 heads of 16, 8,000 steps) none 0.991 (0.92; 1.000 at L/2), sinusoidal 1.000
-                   (1.00; 0.71 at 1.5L), rope 1.000 (1.00; 0.91 at 2L). NoPE learns slowly: 0.895 at
-                   3,000 steps, 0.977 at 5,000. With 4 heads of 32 sinusoidal stayed at 0.53 (seed 0;
-                   seed 1 learns), on a shortcut; 2 layers learn it too but NoPE then gets 0.68
+                   (1.00; 0.71 at 1.5L), rope 1.000 (1.00; 0.91 at 2L)
 """
 
 from configs import base

@@ -14,7 +14,7 @@ Expected (measured, seed 0, rope, the default here; 398 held-out speeches, so on
           256 / 512 (baseline 0.389 / 0.460 / 0.467 / 0.477). Sinusoidal, the default before:
           0.538 at 64, below the baseline beyond it (0.455 / 0.450 / 0.462). Every variant and the
           LSTM: python -m experiments.compare --config=configs/classify.py --positions=all
-          --baselines=lstm --workdir=runs/compare-classify (README)
+          --baselines=lstm --workdir=runs/compare-classify (docs/results.md)
 """
 
 from configs import base

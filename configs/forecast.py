@@ -7,7 +7,7 @@ Command:  python -m experiments.train --config=configs/forecast.py --workdir=run
           309), stocks (daily AAPL, IBM, MSFT, 3,270)
           LSTM baseline: --config.model.architecture=lstm; any variant: --config.model.position.kind=t5
           every variant and the LSTM: python -m experiments.compare --config=configs/forecast.py
-          --positions=all --baselines=lstm --workdir=runs/compare-forecast (README)
+          --positions=all --baselines=lstm --workdir=runs/compare-forecast (docs/results.md)
 CPU time: co2 (2,000 steps, 2 layers, 64 wide) about 5 minutes alone on a 2-core machine, 6 beside
           one other run; sunspots and stocks (1,000 steps, shorter windows) 2.5 minutes beside two.
 Expected (measured, rope with 'last' pooling, the defaults here; held-out 'eval' span, MAE in z units):
@@ -15,14 +15,7 @@ Expected (measured, rope with 'last' pooling, the defaults here; held-out 'eval'
                     training windows are 52-104), against 0.117 seasonal-naive and 0.253 naive; at
                     208 and 416 weeks, beyond the training windows, 0.104 +- 0.045 and 0.169 +- 0.026.
                     The LSTM baseline at the same budget: 0.0424 +- 0.0001 / 0.0417 +- 0.0007, then
-                    0.044 +- 0.001 / 0.061 +- 0.025: behind at both training windows (every seed),
-                    far better beyond them. At 1,000 steps (the budget before) RoPE was ahead at 64
-                    (0.042 against 0.044) and level at 104 (0.043 both).
-                    Pooling: with a [CLS] token in front (model.pooling=cls) RoPE gave 0.045 / 0.048,
-                    (seed 0, 1,000 steps; 0.043 / 0.043 with 'last')
-                    then 0.165 / 0.202. The [CLS] token sits at a varying distance from the newest
-                    value, so relative positions cannot tell it where "a year before the forecast"
-                    is; the newest value's own state can (its distances to the past are fixed).
+                    0.044 +- 0.001 / 0.061 +- 0.025 (docs/results.md).
           sunspots  MAE 0.69 at 32 years against 0.68 seasonal-naive (11 years back) and 1.59 naive:
                     with 176 training windows the model does not beat the seasonal baseline
           stocks    MAE 0.0792 at 32 days, 5 days ahead, against 0.0788 naive and 0.106 seasonal-naive; every

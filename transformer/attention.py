@@ -69,12 +69,10 @@ def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, ma
 
 
 def fused_attention_preferred() -> bool:
-  """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs. Called
-  without `implementation`, as here, JAX 0.10.2 runs its XLA implementation on every platform; cuDNN's
-  fused kernel only when asked for by name, for half-precision inputs (not yet measured on a GPU
-  here: issue 8). Elsewhere it is the same XLA computation as
-  scaled_dot_product_attention, in a layout that runs 1.3x (length 256) to 2x (length 1024) slower
-  on CPUs (`python -m experiments.attention_benchmark`, BENCHMARKS.md)."""
+  """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs only.
+  Called without `implementation`, as here, JAX runs its own XLA implementation (cuDNN's fused kernel
+  only when asked for by name). On CPUs the same computation runs faster as
+  scaled_dot_product_attention, heads first (BENCHMARKS.md, "The attention core alone")."""
   return jax.default_backend() == 'gpu'
 
 

@@ -83,7 +83,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   update = _update_with_weights if values_term is not None else _update
   # Heads first (B x H x L x K) once, so that every block's two matmuls are plain batched matmuls
   # over contiguous rows, which XLA's CPU backend runs faster than contractions over the B x L x H x K
-  # layout (`python -m experiments.attention_benchmark`).
+  # layout (`python -m experiments.benchmark attention`).
   # Scaled once here (B x H x L x K numbers) rather than in every block's logits (L x L per head).
   query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32) * scale
   key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)

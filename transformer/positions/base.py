@@ -16,7 +16,7 @@ variant, and never branches on the variant's name.
                                  a term added to the attention output         Shaw
     needs_weights()              values() reads the attention weights, so     Shaw
                                  attention must materialise them
-    scale(head_dim)              the logit scale                              TUPE: 1/sqrt(2d)
+    scale()                      the logit scale (None: 1/sqrt(head_dim))    TUPE: 1/sqrt(2d)
 
 Positions are integer arrays of shape B x L (B may be 1, broadcast over the batch). Cross-attention
 gets no hooks, unless the model's source and target are aligned step by step

@@ -31,7 +31,7 @@ def untied_position_term(p_q_BxLqxD, p_k_BxLkxD, query_projection_DxHxK, key_pro
   """(p_i U^Q_h)(p_j U^K_h)^T * scale: B x H x Lq x Lk (p already layer-normed)."""
   chex.assert_rank([query_projection_DxHxK, key_projection_DxHxK], 3)
   # Heads first, and the scale on the L x K factor: the L x L product and its gradient then need no
-  # transposing copy (on a CPU, 60 ms of a 0.85 s step at length 1024).
+  # transposing copy.
   query_BxHxLqxK = jnp.einsum('bqd,dhk->bhqk', p_q_BxLqxD, query_projection_DxHxK) * scale
   key_BxHxLkxK = jnp.einsum('bsd,dhk->bhsk', p_k_BxLkxD, key_projection_DxHxK)
   return jnp.einsum('bhqk,bhsk->bhqs', query_BxHxLqxK, key_BxHxLkxK)
