@@ -22,13 +22,12 @@ import argparse
 import hashlib
 import io
 import json
-import lzma
 import os
 import re
 import tarfile
 import tempfile
 
-from experiments.shared.files import sha256_of_file
+from experiments.shared.files import sha256_of_file, write_text_atomically, write_xz_atomically
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'bible')
 VOCABULARY_SIZE = 4000
@@ -157,9 +156,7 @@ def main():
     lines.append(f'{book}\t{chapter}\t{number}\t{ids[0]}\t{ids[1]}')
     counts[split_of(book)] += 1
   path = os.path.join(args.output, 'verses.tsv.xz')
-  with lzma.open(path + '.tmp', 'wt', encoding='utf-8', preset=9) as file:
-    file.write('\n'.join(lines) + '\n')
-  os.replace(path + '.tmp', path)
+  write_xz_atomically(path, '\n'.join(lines) + '\n', 'utf-8')
   manifest = dict(
       rebuild='python -m experiments.data.prepare_bible --spanish=<sword-text-sparv .deb> '
               '--english=<sword-text-kjv .deb> (apt-get download sword-text-sparv sword-text-kjv)',
@@ -172,10 +169,7 @@ def main():
       splits={split: list(books) for split, books in SPLITS.items()}, verses=counts,
       verses_file=dict(file='verses.tsv.xz', sha256=sha256_of_file(path)),
       pieces=pieces, pieces_sha256=hashlib.sha256('\n'.join(pieces).encode('utf-8')).hexdigest())
-  with open(os.path.join(args.output, 'manifest.json.tmp'), 'w', encoding='utf-8') as file:
-    json.dump(manifest, file, indent=1, ensure_ascii=False)
-    file.write('\n')
-  os.replace(os.path.join(args.output, 'manifest.json.tmp'), os.path.join(args.output, 'manifest.json'))
+  write_text_atomically(os.path.join(args.output, 'manifest.json'), json.dumps(manifest, indent=1, ensure_ascii=False) + '\n')
 
 
 if __name__ == '__main__':

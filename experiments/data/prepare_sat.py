@@ -15,7 +15,6 @@ its sha256, each file's sha256, the answer key, counts and the licence. torch is
 import argparse
 import glob
 import json
-import lzma
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import zipfile
 
 import numpy as np
 
-from experiments.shared.files import sha256_of_file
+from experiments.shared.files import sha256_of_file, write_text_atomically, write_xz_atomically
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sat')
 PACKAGE = ('irtorch', '0.5.6')
@@ -77,9 +76,7 @@ def main():
       for part in PARTS:
         responses, key = read_part(wheel, part)
         path = os.path.join(args.output, f'{part}.txt.xz')
-        with lzma.open(path + '.tmp', 'wt', encoding='ascii', preset=9) as file:
-          file.write(encode(responses))
-        os.replace(path + '.tmp', path)
+        write_xz_atomically(path, encode(responses), 'ascii')
         answered = ~np.isnan(responses)
         correct = (responses + 1 == np.asarray([int(d) for d in key]))[answered]
         parts[part] = dict(file=f'{part}.txt.xz', sha256=sha256_of_file(path), key=key,
@@ -90,10 +87,7 @@ def main():
   manifest = dict(rebuild='python -m experiments.data.prepare_sat',
                   description='Swedish SAT 2022 part B: chosen options of 5,000 test-takers on 80 items per part',
                   licence='MIT (irtorch)', parts=parts)
-  with open(os.path.join(args.output, 'manifest.json.tmp'), 'w') as file:
-    json.dump(manifest, file, indent=2, sort_keys=True)
-    file.write('\n')
-  os.replace(os.path.join(args.output, 'manifest.json.tmp'), os.path.join(args.output, 'manifest.json'))
+  write_text_atomically(os.path.join(args.output, 'manifest.json'), json.dumps(manifest, indent=2, sort_keys=True) + '\n')
 
 
 if __name__ == '__main__':

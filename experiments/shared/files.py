@@ -4,6 +4,7 @@ rename fsynced through the directory. An appended line is fsynced before the cal
 
 import hashlib
 import json
+import lzma
 import os
 
 
@@ -31,6 +32,11 @@ def write_text_atomically(path: str, text: str) -> None:
 
 def write_json_atomically(path: str, payload, sort_keys: bool = True) -> None:
   write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys))
+
+
+def write_xz_atomically(path: str, text: str, encoding: str) -> None:
+  """text, encoded and xz-compressed (preset 9: the same bytes lzma.open(path, 'wt', preset=9) writes)."""
+  write_bytes_atomically(path, lzma.compress(text.encode(encoding), format=lzma.FORMAT_XZ, preset=9))
 
 
 def append_line_durably(path: str, line: str) -> None:
