@@ -135,61 +135,75 @@ class MultiHeadAttention(nn.Module):
     width = inputs_q_BxLqxD.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
-    projections = [Dense(width, name=name) for name in ('query', 'key', 'value')]
     is_self_attention = inputs_q_BxLqxD is inputs_kv_BxLkxD
     reads_memory_cache = use_cache and cache_index is not None and not is_self_attention
+    query, key, value = self._project(inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention, reads_memory_cache)
+    scale = None
+    if positions is not None:
+      query, key, scale = self._rotate_and_scale(query, key, positions, q_positions_BxLq, k_positions_BxLk,
+                                                 cached_step=use_cache and cache_index is not None)
+    if use_cache:
+      key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
+    attended_BxLqxHxK = self._attend(query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared,
+                                     scale, causal, deterministic)
+    return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
+
+  def _project(self, inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention: bool, reads_memory_cache: bool):
+    """Queries, keys and values, B x L x H x K each; keys and values None when they come from the cache
+    (cross-attention's memory, projected by the first call)."""
+    width = inputs_q_BxLqxD.shape[-1]
+    projections = [Dense(width, name=name) for name in ('query', 'key', 'value')]
     if is_self_attention:  # one matmul of width 3D instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype
       qkv_BxLx3D = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
                           jnp.concatenate(biases).astype(dtype))
-      query, key, value = (split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
+      return tuple(split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
+    query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
+    if reads_memory_cache:
+      return query, None, None
+    return (query, split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads),
+            split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads))
+
+  @staticmethod
+  def _rotate_and_scale(query, key, positions: LayerPositions, q_positions_BxLq, k_positions_BxLk, cached_step: bool):
+    """The variant's rotation of queries and keys, and its logit scale (default 1/sqrt(K)). In a cached
+    step the new keys sit at their queries' positions; a key None (cross-attention's memory, from the
+    cache) stays None."""
+    if cached_step:
+      query, rotated_key = positions.rotate(query, query if key is None else key, q_positions_BxLq, q_positions_BxLq)
+      key = None if key is None else rotated_key
     else:
-      query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
-      key = value = None  # the memory's, from the cache
-      if not reads_memory_cache:
-        key = split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads)
-        value = split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads)
+      query, key = positions.rotate(query, key, q_positions_BxLq, k_positions_BxLk)
+    scale = positions.scale()
+    return query, key, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 
-    scale, bias, value_term = None, None, None
-    if positions is not None:
-      if use_cache and cache_index is not None:  # a step's new keys sit at its queries' positions
-        query, rotated_key = positions.rotate(query, query if key is None else key, q_positions_BxLq,
-                                              q_positions_BxLq)
-        key = None if key is None else rotated_key  # None: cross-attention's, rotated when cached
-      else:
-        query, key = positions.rotate(query, key, q_positions_BxLq, k_positions_BxLk)
-      scale = positions.scale()
-      if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[-1])
-    if use_cache:
-      key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
-
+  def _attend(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale, causal,
+              deterministic) -> chex.Array:
+    """The attention core, chosen here: query blocks (blockwise_attention) where they skip work or bound
+    memory; `jax.nn.dot_product_attention` where it is preferred and nothing needs the weights; else
+    the explicit softmax, whose weights are sown and feed the variant's values term."""
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     caller_needs_weights = rng is not None or self.is_mutable_collection('intermediates')
     # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
-    # bidirectional attention in query blocks alone only recomputes (1.07x the dense encoder step).
+    # bidirectional attention in query blocks alone only recomputes.
     blocks_pay = causal or self.key_block_size > 0
     if (self.block_size and blocks_pay and not caller_needs_weights
         and max(query.shape[1], key.shape[1]) > self.block_size):
-      attended_BxLqxHxK = self._blockwise(query, key, value, mask, positions, q_positions_BxLq,
-                                          k_positions_BxLk, shared, scale, causal)
-      return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
-    if positions is not None:
-      bias = positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
+      return self._blockwise(query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale,
+                             causal)
+    bias = None if positions is None else positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
     needs_weights = caller_needs_weights or (positions is not None and positions.needs_weights())
     if not needs_weights and fused_attention_preferred():
-      attended_BxLqxHxK = fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
-    else:
-      attended_BxLqxHxK, weights = scaled_dot_product_attention(
-          query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
-          dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)
-      self.sow('intermediates', 'attention_weights', weights)
-      if positions is not None:
-        value_term = positions.values(weights, q_positions_BxLq, k_positions_BxLk)
+      return fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
+    attended_BxLqxHxK, weights = scaled_dot_product_attention(
+        query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
+        dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)
+    self.sow('intermediates', 'attention_weights', weights)
+    value_term = None if positions is None else positions.values(weights, q_positions_BxLq, k_positions_BxLk)
     if value_term is not None:
       attended_BxLqxHxK = attended_BxLqxHxK + value_term.astype(attended_BxLqxHxK.dtype)
-    return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
+    return attended_BxLqxHxK
 
   def _cached_keys_values(self, key, value, cache_index, is_self_attention):
     """The cache's keys and values, B x capacity x H x K, after writing this call's at cache_index."""

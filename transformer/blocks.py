@@ -45,16 +45,17 @@ class TransformerLayer(nn.Module):
   causal: bool
   cross_attention: bool = False
   has_cls: bool = False
+  deterministic: bool = True  # no dropout (an attribute, not an argument: nn.remat traces every argument)
 
   @nn.compact
-  def __call__(self, x_BxLxD, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
-               deterministic: bool = True, key_positions_1xT=None, use_cache: bool = False, cache_index=None):
+  def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
+               key_positions_1xT=None, use_cache: bool = False, cache_index=None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
     key_positions_1xT: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
     MultiHeadAttention's."""
-    config = self.config
+    config, deterministic = self.config, self.deterministic
     key_positions_1xT = positions_1xL if key_positions_1xT is None else key_positions_1xT
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
@@ -142,12 +143,14 @@ class TransformerStack(nn.Module):
         memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
     # With remat, a layer's activations are recomputed in the backward pass instead of stored:
     # memory per layer falls to its inputs, for about one more forward pass of compute.
-    layer_type = nn.remat(TransformerLayer, static_argnums=(7,)) if config.remat and not use_cache else TransformerLayer
-    cached_step = () if not use_cache else (key_positions_1xT, use_cache, cache_index)
+    layer_type = nn.remat(TransformerLayer) if config.remat and not use_cache else TransformerLayer
+    cached_step = {} if not use_cache else dict(key_positions_1xT=key_positions_1xT, use_cache=True,
+                                                cache_index=cache_index)
     for index in range(self.num_layers):
-      x_BxLxD = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
-                           name=f'layer_{index}')(
-          x_BxLxD, self_mask, positions_1xL, shared, memory_BxLsxD, memory_mask, deterministic, *cached_step)
+      layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
+                         deterministic=deterministic, name=f'layer_{index}')
+      x_BxLxD = layer(x_BxLxD, self_mask=self_mask, positions_1xL=positions_1xL, shared=shared,
+                      memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step)
     if config.norm == 'pre':
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
