@@ -72,6 +72,13 @@ def test_sigterm_saves_and_a_restart_matches_an_uninterrupted_run(tmp_path):
   assert without_wall_clock(read_metrics(str(interrupted))) == without_wall_clock(read_metrics(str(tmp_path / 'full')))
 
 
+def _catches(pid: int, sig) -> bool:
+  """Whether the process has a handler installed for sig (Linux: SigCgt in /proc/PID/status)."""
+  status = pathlib.Path(f'/proc/{pid}/status').read_text()
+  caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith('SigCgt:')), 16)
+  return bool(caught >> (sig - 1) & 1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('stop,when', [(signal.SIGINT, 'importing'), (signal.SIGTERM, 'compiling')])
 def test_a_stop_during_start_up_exits_cleanly_and_the_rerun_is_the_uninterrupted_run(tmp_path, stop, when):
@@ -80,8 +87,10 @@ def test_a_stop_during_start_up_exits_cleanly_and_the_rerun_is_the_uninterrupted
   run = tmp_path / 'run'
   process = subprocess.Popen(_command(run), cwd=ROOT, env=_environment(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-  if when == 'importing':
-    time.sleep(0.5)
+  if when == 'importing':  # once the command's handler is in (the first thing it does), while it imports JAX
+    deadline = time.time() + 60
+    while not _catches(process.pid, signal.SIGTERM) and time.time() < deadline:
+      time.sleep(0.005)
   else:
     deadline = time.time() + 120
     while not (run / 'config.json').exists() and time.time() < deadline:
