@@ -151,3 +151,30 @@ def test_matmul_benchmark_prints_every_kernel_on_all_cores_and_on_one():
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                        timeout=300)
   assert bad.returncode != 0 and '--model_dim: got 30' in bad.stderr
+
+
+def test_the_peer_is_our_model_but_for_the_differences_it_lists():
+  """Parameter for parameter: x-transformers' model has ours less the attention projections' and layer
+  norms' biases (DIFFERENCES), plus the learned scale of its sinusoidal embedding; its rotary
+  embedding covers the whole head, and its feed-forward is a ReLU."""
+  pytest.importorskip('x_transformers')  # the optional extra; absent in CI
+  import torch  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top
+  from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
+  width, layers, heads, hidden, vocabulary = 32, 2, 2, 64, 64
+  for variant in peer.PEER_VARIANTS:
+    config = transformer.ModelConfig(
+        vocab_size=vocabulary, model_dim=width, num_heads=heads, feed_forward_dim=hidden, num_decoder_layers=layers,
+        num_encoder_layers=0, norm='pre', position=transformer.PositionConfig(kind=variant, max_length=512))
+    ours = transformer.DecoderOnly(config).init(jax.random.PRNGKey(0), jax.numpy.ones((1, 8), jax.numpy.int32))
+    theirs = peer.build_peer_model(variant, 512, fused=False, vocab_size=vocabulary, model_dim=width,
+                                   num_layers=layers, num_heads=heads, feed_forward_dim=hidden)
+    biases = layers * 4 * width + (2 * layers + 1) * width  # q, k, v, out; two norms a layer and the final one
+    learned_scale = 1 if variant == 'sinusoidal' else 0
+    assert sum(p.numel() for p in theirs.parameters()) == sum(
+        int(p.size) for p in jax.tree_util.tree_leaves(ours)) - biases + learned_scale, variant
+    if variant == 'rope':
+      assert theirs.attn_layers.rotary_pos_emb.inv_freq.numel() == width // heads // 2  # a frequency per pair
+    assert any(isinstance(m, torch.nn.ReLU) for m in theirs.modules()) and not any(
+        isinstance(m, torch.nn.GELU) for m in theirs.modules())

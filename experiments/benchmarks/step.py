@@ -214,6 +214,8 @@ def print_peer_table(rows: list, peer_rows: list) -> None:
   for r in peer_rows:
     if 'error' in r:
       print(f'{r["variant"]:<11} {r["length"]:>6} {r["implementation"]} failed: {r["error"]}')
+  from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
+  print('still different: ' + '; '.join(peer.DIFFERENCES))
 
 
 if __name__ == '__main__':
