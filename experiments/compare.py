@@ -1,7 +1,7 @@
 """Compare positional encodings: one command trains every (variant, seed) and tabulates and plots.
 
   python -m experiments.compare --config=configs/algorithmic.py:copy --positions=all --seeds=3 \
-      --workdir=runs/compare-copy [--baselines=lstm] [--config.train.steps=1000 ...]
+      --workdir=runs/compare-copy [--baselines=lstm] [--reference=none] [--config.train.steps=1000 ...]
 
 --baselines adds recurrent models (model.architecture lstm or rnn) as rows of the same table, trained
 on the same task, budget and seeds.
@@ -14,8 +14,9 @@ appended to the run's train.log); a run that finished with exactly the requested
 skipped, so an interrupted sweep resumes where it stopped. SIGTERM or Ctrl-C is passed on to the
 running child, which checkpoints and exits; compare then exits 0 and a rerun resumes. A child whose
 parent dies is sent SIGTERM (Linux), so none is left behind. Then every metrics.jsonl is aggregated
-into results.csv and results.md (mean and standard deviation over seeds, per variant and evaluation
-length; failed runs with their error) and plots are written beside them. Exit code 0 when every run
+into results.csv and results.md (per variant and evaluation length, the mean over seeds with its 95%
+Student-t interval, and with --reference each row's paired difference from that row, marked where
+significant; failed runs with their error) and plots are written beside them. Exit code 0 when every run
 finished, 1 when some failed, 2 for a refusal.
 """
 
@@ -43,6 +44,8 @@ _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per variant: 0 .. seeds-1.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
 _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
                                  'variants: lstm, rnn.')
+_REFERENCE = flags.DEFINE_string('reference', None, 'A row of the sweep (e.g. none) that every other row is '
+                                 'compared with, seed by seed: each difference marked significant or not.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
 SET_BY_THE_SWEEP = {'seed': '--seeds', 'model.position.kind': '--positions', 'model.architecture': '--baselines'}
 
@@ -170,6 +173,8 @@ def main(argv):
     rows = variants_from_flag(_POSITIONS.value) + baselines_from_flag(_BASELINES.value)
   except ValueError as error:
     cli.fail(str(error))
+  if _REFERENCE.value is not None and _REFERENCE.value not in rows:
+    cli.fail(f'--reference: got {_REFERENCE.value!r}; valid: one of the sweep\'s rows, {", ".join(rows)}')
   overrides = child_overrides(_CONFIG.value, sys.argv)
   config_file = cli.config_argument(sys.argv)
   from experiments.runs import settings  # pylint: disable=g-import-not-at-top
@@ -219,7 +224,7 @@ def main(argv):
       cli.fail(str(error))
     this_sweep = {results.run_name(row, seed) for row, seed in runs}
     failed = {n: e for n, e in failures.items() if n in this_sweep}
-    written = results.write_tables(_WORKDIR.value, table, failed)
+    written = results.write_tables(_WORKDIR.value, table, failed, reference=_REFERENCE.value)
     written += results.plot(_WORKDIR.value, table)
   with open(os.path.join(_WORKDIR.value, 'results.md')) as file:
     print(file.read())

@@ -54,6 +54,7 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
     (['--config.seed=3'], 'error: --config.seed: set per run by --seeds in a sweep; valid: drop it and use --seeds'),
     (['--config.train.stpes=3'], 'error: --config.train.stpes: unknown config field (did you mean train.steps?)'),
     (['--positions=none,none'], "error: --positions: got 'none,none'; valid: all, or a comma-separated list (each once)"),
+    (['--reference=rope'], "error: --reference: got 'rope'; valid: one of the sweep's rows, none, alibi"),
 ])
 def test_a_bad_sweep_is_refused_in_one_line_before_any_run_starts(tmp_path, extra, expected):
   result = subprocess.run(_compare(tmp_path / 'sweep', *extra), cwd=ROOT, env=_environment(), capture_output=True,

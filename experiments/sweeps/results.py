@@ -10,6 +10,7 @@ import re
 from typing import Optional
 
 from experiments.runs import run_record
+from experiments.sweeps.statistics import CONFIDENCE, mean_interval, paired_difference
 from experiments.shared.files import write_json_atomically, write_text_atomically
 
 FAILURES_FILE = 'failures.json'
@@ -66,6 +67,7 @@ class Table:
   metrics: list             # the main metrics present
   training_length: int
   values: dict              # variant -> length -> metric -> [value per finished seed]
+  by_seed: dict             # variant -> length -> metric -> {seed: value}
   baselines: dict           # metric -> baseline name -> length -> value (e.g. bigram bits per character)
   curves: dict              # variant -> [(steps, losses) per seed]
   seeds: dict               # variant -> number of finished seeds
@@ -87,10 +89,10 @@ def _records(workdir: str) -> list:
 def aggregate(sweep: str, variants: list, seeds: int, expected: Optional[dict] = None) -> Table:
   """Every finished run of the sweep. expected: {run name: configuration}; a finished run whose stored
   configuration differs from it is a ResultsError, so a table never mixes configurations."""
-  values, baselines, curves, finished_seeds = {}, {}, {}, {}
+  values, by_seed, baselines, curves, finished_seeds = {}, {}, {}, {}, {}
   lengths, metrics, training_length = set(), set(), 0
   for variant in variants:
-    values[variant], curves[variant], finished_seeds[variant] = {}, [], 0
+    values[variant], by_seed[variant], curves[variant], finished_seeds[variant] = {}, {}, [], 0
     for seed in range(seeds):
       name = run_name(variant, seed)
       workdir = os.path.join(sweep, name)
@@ -113,6 +115,7 @@ def aggregate(sweep: str, variants: list, seeds: int, expected: Optional[dict] =
             if metric in record:
               metrics.add(metric)
               values[variant].setdefault(length, {}).setdefault(metric, []).append(record[metric])
+              by_seed[variant].setdefault(length, {}).setdefault(metric, {})[seed] = record[metric]
           for name, value in record.items():
             if baseline_of(name):
               baseline, metric = baseline_of(name)
@@ -120,8 +123,8 @@ def aggregate(sweep: str, variants: list, seeds: int, expected: Optional[dict] =
       train = [r for r in records if r['split'] == 'train']
       curves[variant].append(([r['step'] for r in train], [r['loss'] for r in train]))
   return Table(variants=list(variants), lengths=sorted(lengths), metrics=[m for m in MAIN_METRICS if m in metrics],
-               training_length=training_length, values=values, baselines=baselines, curves=curves,
-               seeds=finished_seeds)
+               training_length=training_length, values=values, by_seed=by_seed, baselines=baselines,
+               curves=curves, seeds=finished_seeds)
 
 
 def mean_std(values: list) -> tuple:
@@ -130,12 +133,26 @@ def mean_std(values: list) -> tuple:
   return mean, std
 
 
-def write_tables(sweep: str, table: Table, failures: dict) -> list:
-  """results.csv (one row per variant, length and metric) and results.md (one table per metric)."""
+def _number(value: float) -> str:
+  return '' if math.isnan(value) else f'{value:.6g}'
+
+
+def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[str] = None) -> list:
+  """results.csv (one row per variant, length and metric) and results.md (one table per metric): the
+  mean over seeds with its 95% Student-t interval; with a reference variant, each other variant's
+  paired difference from it and whether that is significant (experiments/sweeps/statistics.py)."""
   csv_path, md_path = os.path.join(sweep, 'results.csv'), os.path.join(sweep, 'results.md')
   rows = io.StringIO()
   writer = csv.writer(rows)
-  writer.writerow(['variant', 'length', 'metric', 'mean', 'std', 'seeds', 'status'])
+  writer.writerow(['variant', 'length', 'metric', 'mean', 'std', 'ci95_half_width', 'seeds', 'reference',
+                   'difference', 'difference_ci95_half_width', 'paired_seeds', 'significant', 'status'])
+
+  def comparison(variant, length, metric):
+    if reference is None or variant == reference:
+      return None
+    return paired_difference(table.by_seed[variant].get(length, {}).get(metric, {}),
+                             table.by_seed[reference].get(length, {}).get(metric, {}))
+
   for variant in table.variants:
     failed = [name for name in failures if name.startswith(variant + '-seed')]
     for length in table.lengths:
@@ -143,32 +160,43 @@ def write_tables(sweep: str, table: Table, failures: dict) -> list:
         found = table.values[variant].get(length, {}).get(metric, [])
         if found:
           mean, std = mean_std(found)
-          writer.writerow([variant, length, metric, f'{mean:.6g}', f'{std:.6g}', len(found),
-                           'ok' if not failed else f'{len(failed)} failed'])
+          half_width = mean_interval(found)[1]
+          paired = comparison(variant, length, metric)
+          difference = ['', '', '', ''] if paired is None else [
+              f'{paired[0]:.6g}', _number(paired[1]), paired[2], 'yes' if paired[3] else 'no']
+          writer.writerow([variant, length, metric, f'{mean:.6g}', f'{std:.6g}', _number(half_width), len(found),
+                           reference or '', *difference, 'ok' if not failed else f'{len(failed)} failed'])
     for name in failed:
-      writer.writerow([variant, '', '', '', '', 0, f'failed: {failures[name]}'])
+      writer.writerow([variant, '', '', '', '', '', 0, '', '', '', '', '', f'failed: {failures[name]}'])
   for metric, by_name in table.baselines.items():
     for name, by_length in by_name.items():
       for length, value in sorted(by_length.items()):
-        writer.writerow([f'{name} (baseline)', length, metric, f'{value:.6g}', '0', '', 'ok'])
+        writer.writerow([f'{name} (baseline)', length, metric, f'{value:.6g}', '0', '', '', '', '', '', '', '',
+                         'ok'])
   write_text_atomically(csv_path, rows.getvalue())
 
   lines = []
   header = ['variant'] + [f'{n} (train)' if n == table.training_length else str(n) for n in table.lengths]
+  interval = f'mean ± the {CONFIDENCE:.0%} Student-t interval over seeds'
   for metric in table.metrics:
     better = 'higher' if HIGHER_IS_BETTER[metric] else 'lower'
-    lines += [f'### {metric} by evaluation length ({better} is better; mean ± std over seeds)', '',
-              '| ' + ' | '.join(header) + ' | seeds |', '|' + '---|' * (len(header) + 1)]
+    lines += [f'### {metric} by evaluation length ({better} is better; {interval})', '']
+    if reference is not None:
+      lines += [f'\\* differs from `{reference}` at 5% (paired t-test over the seeds both finished)', '']
+    lines += ['| ' + ' | '.join(header) + ' | seeds |', '|' + '---|' * (len(header) + 1)]
     for variant in table.variants:
       cells = []
       for length in table.lengths:
         found = table.values[variant].get(length, {}).get(metric, [])
         if found:
-          mean, std = mean_std(found)
-          cells.append(f'{mean:.3f} ± {std:.3f}' if len(found) > 1 else f'{mean:.3f}')
+          mean, half_width = mean_interval(found)
+          cell = f'{mean:.3f} ± {half_width:.3f}' if len(found) > 1 else f'{mean:.3f}'
+          paired = comparison(variant, length, metric)
+          cells.append(cell + ('\\*' if paired is not None and paired[3] else ''))
         else:
           cells.append('—')
-      lines.append(f'| {variant} | ' + ' | '.join(cells) + f' | {table.seeds[variant]} |')
+      label = f'{variant} (reference)' if variant == reference else variant
+      lines.append(f'| {label} | ' + ' | '.join(cells) + f' | {table.seeds[variant]} |')
     for name, by_length in table.baselines.get(metric, {}).items():
       lines.append(f'| {name} (baseline) | ' + ' | '.join(
           f'{by_length[n]:.3f}' if n in by_length else '—' for n in table.lengths) + ' | |')
@@ -182,8 +210,8 @@ def write_tables(sweep: str, table: Table, failures: dict) -> list:
 
 
 def plot(sweep: str, table: Table) -> list:
-  """plot_<metric>.png: the metric against evaluation length, a line per variant, a band spanning
-  the seeds, the training length marked; training_curves.png: training loss against step."""
+  """plot_<metric>.png: the metric against evaluation length, a line per variant, a band for the 95%
+  interval of its mean over seeds, the training length marked; training_curves.png: training loss against step."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -198,8 +226,9 @@ def plot(sweep: str, table: Table) -> list:
       xs = [n for n, _ in points]
       means = [mean_std(v)[0] for _, v in points]
       line, = axis.plot(xs, means, marker='o', label=variant)
-      if any(len(v) > 1 for _, v in points):
-        axis.fill_between(xs, [min(v) for _, v in points], [max(v) for _, v in points], color=line.get_color(),
+      if all(len(v) > 1 for _, v in points):  # the 95% interval of the mean
+        intervals = [mean_interval(v) for _, v in points]
+        axis.fill_between(xs, [m - h for m, h in intervals], [m + h for m, h in intervals], color=line.get_color(),
                           alpha=0.2)
     for index, (name, by_length) in enumerate(table.baselines.get(metric, {}).items()):
       xs = sorted(by_length)

@@ -1,0 +1,76 @@
+"""Intervals over seeds and paired comparisons (experiments/sweeps/statistics.py), against published
+t-table values, closed forms, a coverage simulation, and hand-computed sweeps."""
+
+import json
+import math
+import random
+
+import pytest
+
+from experiments.sweeps import results, statistics
+
+T_975 = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 5: 2.5705818, 9: 2.2621572, 10: 2.2281389,
+         30: 2.0422725, 100: 1.9839715}  # two-sided 95% critical values (any statistics table)
+
+
+@pytest.mark.parametrize('degrees', sorted(T_975))
+def test_t_quantiles_match_the_table(degrees):
+  assert statistics.student_t_quantile(0.975, degrees) == pytest.approx(T_975[degrees], abs=1e-6)
+  assert statistics.student_t_quantile(0.025, degrees) == pytest.approx(-T_975[degrees], abs=1e-6)
+
+
+def test_t_cdf_matches_closed_forms():
+  for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 10.0):
+    assert statistics.student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
+    assert statistics.student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+  assert statistics.student_t_cdf(1.96, 10**6) == pytest.approx(0.5 * (1 + math.erf(1.96 / math.sqrt(2))), abs=1e-5)
+
+
+def test_the_interval_covers_the_true_mean_95_percent_of_the_time():
+  generator = random.Random(0)
+  trials, covered = 20000, 0
+  for _ in range(trials):
+    mean, half_width = statistics.mean_interval([generator.gauss(3.0, 2.0) for _ in range(3)])
+    covered += abs(mean - 3.0) <= half_width
+  assert abs(covered / trials - 0.95) < 0.006  # 4 standard errors of a binomial proportion
+
+
+def test_paired_differences_by_hand():
+  values, reference = {0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.5, 1: 1.0, 2: 2.5, 3: 9.0}  # seed 3: the reference's only
+  mean, half_width, seeds, significant = statistics.paired_difference(values, reference)
+  assert (mean, seeds) == (1.0, 3)  # differences 0.5, 1.0, 1.5: sd 0.5
+  assert half_width == pytest.approx(4.3026527 * 0.5 / math.sqrt(3), abs=1e-6) and not significant
+  assert statistics.paired_difference({0: 1.1, 1: 2.11, 2: 3.12}, {0: 1.0, 1: 2.0, 2: 3.0})[3]  # 0.10, 0.11, 0.12
+  assert statistics.paired_difference({0: 1.0}, {0: 0.0}) is None
+  assert math.isnan(statistics.mean_interval([0.5])[1])
+
+
+def _run(sweep, name, seed, accuracy):
+  workdir = sweep / name
+  workdir.mkdir(parents=True)
+  config = {'seed': seed, 'task': {'max_length': 6}, 'train': {'steps': 10}}
+  (workdir / 'config.json').write_text(json.dumps(config))
+  (workdir / 'metrics.jsonl').write_text(json.dumps(
+      {'step': 10, 'split': 'eval', 'length': 6, 'token_accuracy': accuracy}) + '\n')
+  (workdir / 'summary.json').write_text(json.dumps({'step': 10, 'evaluation': {}}))
+
+
+def test_a_sweeps_table_gives_intervals_and_marks_significant_differences_from_the_reference(tmp_path):
+  for seed, (none, rope, alibi) in enumerate([(0.50, 0.70, 0.52), (0.60, 0.81, 0.58), (0.55, 0.74, 0.59)]):
+    _run(tmp_path, f'none-seed{seed}', seed, none)
+    _run(tmp_path, f'rope-seed{seed}', seed, rope)
+    _run(tmp_path, f'alibi-seed{seed}', seed, alibi)
+  table = results.aggregate(str(tmp_path), ['none', 'rope', 'alibi'], 3)
+  results.write_tables(str(tmp_path), table, {}, reference='none')
+  markdown = (tmp_path / 'results.md').read_text()
+  assert 'mean ± the 95% Student-t interval over seeds' in markdown
+  assert '\\* differs from `none` at 5% (paired t-test over the seeds both finished)' in markdown
+  half_width = 4.3026527 * 0.05 / math.sqrt(3)  # none: 0.50, 0.60, 0.55 have sd 0.05
+  assert f'| none (reference) | 0.550 ± {half_width:.3f} | 3 |' in markdown
+  rope_row, = [line for line in markdown.splitlines() if line.startswith('| rope |')]
+  alibi_row, = [line for line in markdown.splitlines() if line.startswith('| alibi |')]
+  assert rope_row.endswith('\\* | 3 |')  # +0.20, +0.21, +0.19: significant
+  assert not alibi_row.endswith('\\* | 3 |')  # +0.02, -0.02, +0.04: not
+  rows = {(r.split(',')[0]): r.split(',') for r in (tmp_path / 'results.csv').read_text().splitlines()[1:]}
+  assert rows['rope'][11] == 'yes' and rows['alibi'][11] == 'no' and rows['none'][11] == ''
+  assert float(rows['rope'][8]) == pytest.approx(0.2, abs=1e-9)
