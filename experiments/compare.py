@@ -18,6 +18,10 @@ into results.csv and results.md (per variant and evaluation length, the mean ove
 Student-t interval, and with --reference each row's paired difference from that row, marked where
 significant; failed runs with their error) and plots are written beside them. Exit code 0 when every run
 finished, 1 when some failed, 2 for a refusal.
+
+--launcher=slurm submits the unfinished runs as one SLURM job array instead (experiments/sweeps/slurm.py;
+--slurm_options adds #SBATCH lines) and returns; the same command with --collect then checks and
+tabulates the finished runs, launching nothing (exit code 1 while some are unfinished).
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -26,6 +30,7 @@ STOP.install()
 
 import copy
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,7 +40,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from experiments.shared import cli, signals
-from experiments.sweeps import results
+from experiments.sweeps import results, slurm
 from experiments.runs import run_record
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
@@ -44,6 +49,12 @@ _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per variant: 0 .. seeds-1.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
 _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
                                  'variants: lstm, rnn.')
+_LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm'], 'local: one run after another in '
+                               'subprocesses here; slurm: one sbatch job array of the unfinished runs.')
+_SLURM_OPTIONS = flags.DEFINE_string('slurm_options', '', 'Extra #SBATCH options for --launcher=slurm, e.g. '
+                                     '"--partition=gpu --time=04:00:00 --gres=gpu:1".')
+_COLLECT = flags.DEFINE_bool('collect', False, 'Launch nothing: tabulate the runs that finished (after a SLURM '
+                             'array); exit code 1 while some have not.')
 _REFERENCE = flags.DEFINE_string('reference', None, 'A row of the sweep (e.g. none) that every other row is '
                                  'compared with, seed by seed: each difference marked significant or not.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
@@ -190,11 +201,28 @@ def main(argv):
     sys.exit(2)
 
   runs = [(row, seed) for row in rows for seed in range(_SEEDS.value)]
+
+  def train_command(row, seed):
+    return [sys.executable, '-m', 'experiments.train', f'--config={config_file}',
+            f'--workdir={os.path.join(_WORKDIR.value, results.run_name(row, seed))}', *overrides, *row_flags(row, seed)]
+
+  unfinished = [(row, seed) for row, seed in runs if not run_record.is_finished(
+      os.path.join(_WORKDIR.value, results.run_name(row, seed)), resolved[results.run_name(row, seed)])]
+  if _LAUNCHER.value == 'slurm' and unfinished and not _COLLECT.value:
+    names = [results.run_name(row, seed) for row, seed in unfinished]
+    try:
+      job = slurm.submit(_WORKDIR.value, [train_command(row, seed) for row, seed in unfinished], names,
+                         shlex.split(_SLURM_OPTIONS.value))
+    except slurm.SubmissionError as error:
+      cli.fail(str(error))
+    logging.info('submitted SLURM job array %s: %d runs (%s); when it has finished, run this command again with '
+                 '--collect to tabulate', job, len(names), ', '.join(names))
+    return
   os.makedirs(_WORKDIR.value, exist_ok=True)
   failures = results.read_failures(_WORKDIR.value)
   started = time.time()
   with STOP.deferred() as stop:
-    for index, (row, seed) in enumerate(runs):
+    for index, (row, seed) in enumerate(runs if not _COLLECT.value else []):
       name = results.run_name(row, seed)
       workdir = os.path.join(_WORKDIR.value, name)
       prefix = f'[{index + 1}/{len(runs)}] {name}'
@@ -203,9 +231,7 @@ def main(argv):
         failures.pop(name, None)
         continue
       logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
-      command = [sys.executable, '-m', 'experiments.train', f'--config={config_file}', f'--workdir={workdir}',
-                 *overrides, *row_flags(row, seed)]
-      outcome, error = run_one(command, workdir, stop)
+      outcome, error = run_one(train_command(row, seed), workdir, stop)
       if outcome == 'stopped':
         logging.warning('%s received: %s stopped at its checkpoint; rerun the same command to resume',
                         stop.requested, name)
@@ -231,6 +257,10 @@ def main(argv):
   if failed:
     logging.warning('sweep done in %.0f s with %d of %d runs failed; wrote %s', time.time() - started, len(failed),
                     len(runs), ', '.join(written))
+    sys.exit(1)
+  if _COLLECT.value and unfinished:
+    logging.warning('collected %d of %d runs; not finished yet: %s; wrote %s', len(runs) - len(unfinished), len(runs),
+                    ', '.join(results.run_name(row, seed) for row, seed in unfinished), ', '.join(written))
     sys.exit(1)
   logging.info('sweep done in %.0f s; wrote %s', time.time() - started, ', '.join(written))
 

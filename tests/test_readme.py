@@ -5,6 +5,7 @@ import io
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -65,7 +66,7 @@ def documented_commands() -> list:
       for line in block.replace('\\\n', ' ').splitlines():
         match = re.search(r'python -m (experiments\.\w+)(.*)', line.split('  #')[0])
         if match:
-          found.append([match.group(1)] + re.sub(r'\[[^\]]*\]', '', match.group(2)).split())
+          found.append([match.group(1)] + shlex.split(re.sub(r'\[[^\]]*\]', '', match.group(2))))
   return found
 
 

@@ -23,15 +23,21 @@ AXIS = 'batch'
 def initialize_distributed(coordinator_address: Optional[str], num_processes: Optional[int],
                            process_id: Optional[int]) -> None:
   """jax.distributed.initialize for multi-host runs, from flags or JAX_COORDINATOR_ADDRESS,
-  JAX_NUM_PROCESSES and JAX_PROCESS_ID. Does nothing for a single process."""
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID; or, inside a SLURM job of several tasks (srun, SLURM_NTASKS > 1)
+  with none of those given, with no arguments, so that JAX reads the coordinator, the process count
+  and this process's index from SLURM's variables itself. Does nothing for a single process."""
   address = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS')
   count = num_processes or int(os.environ.get('JAX_NUM_PROCESSES', '0') or 0)
   index = process_id if process_id is not None else os.environ.get('JAX_PROCESS_ID')
-  if not address and count <= 1:
+  slurm_tasks = int(os.environ.get('SLURM_NTASKS', '0') or 0) if 'SLURM_JOB_ID' in os.environ else 0
+  if not address and count <= 1 and slurm_tasks <= 1:
     return
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')  # CPU collectives across processes
-  jax.distributed.initialize(coordinator_address=address, num_processes=count or None,
-                             process_id=None if index is None else int(index))
+  if not address and count <= 1:
+    jax.distributed.initialize()  # JAX's SLURM cluster detection
+  else:
+    jax.distributed.initialize(coordinator_address=address, num_processes=count or None,
+                               process_id=None if index is None else int(index))
   logging.info('process %d of %d, %d local of %d devices', jax.process_index(), jax.process_count(),
                jax.local_device_count(), jax.device_count())
 
