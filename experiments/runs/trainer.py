@@ -132,14 +132,15 @@ def _run_locked(experiment, workdir, primary, wrap_train_step, devices, stop) ->
       for name, (old, new) in changes.items():
         logging.warning('resuming with %s changed from %r to %r (recorded in %s)', name, old, new,
                         run_record.CHANGES_FILE)
-    summary_path = os.path.join(workdir, SUMMARY_FILE)
-    if start_step >= experiment.train.steps and os.path.exists(summary_path):
-      logging.info('the run finished earlier (step %d); nothing to do', start_step)
-      with open(summary_path) as file:
-        return {int(length): record for length, record in json.load(file)['evaluation'].items()}
   except BaseException:
     checkpoints.close()
     raise
+  summary_path = os.path.join(workdir, SUMMARY_FILE)
+  if start_step >= experiment.train.steps and os.path.exists(summary_path):
+    logging.info('the run finished earlier (step %d); nothing to do', start_step)
+    checkpoints.close()
+    with open(summary_path) as file:
+      return {int(length): record for length, record in json.load(file)['evaluation'].items()}
   if start_step:
     logging.info('resuming from the checkpoint at step %d', start_step)
   # A run killed between its final checkpoint and summary.json evaluates again: drop that evaluation.
