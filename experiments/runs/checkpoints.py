@@ -60,9 +60,24 @@ def file_digests(directory: str) -> dict:
   return found
 
 
-def changed_files(directory: str, digest: dict) -> list[str]:
-  """The files whose bytes differ from the digest, or that are missing or new."""
-  found = file_digests(directory)
+def read_digest(checkpoints_directory: str, step: int) -> Optional[dict]:
+  """The digest of the checkpoint at `step` (None: it has none); an unreadable digest file reads as a
+  digest that no file matches."""
+  path = os.path.join(checkpoints_directory + '.digests', f'{step}.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as file:
+      return json.load(file)
+  except (OSError, ValueError):
+    return {'files': {}, 'unreadable': True}
+
+
+def changed_files(checkpoints_directory: str, step: int, digest: dict) -> list[str]:
+  """The files of the checkpoint whose bytes differ from its digest, or that are missing or new."""
+  if digest.get('unreadable'):
+    return ['the digest file itself']
+  found = file_digests(os.path.join(checkpoints_directory, str(step)))
   return sorted(n for n in set(found) | set(digest['files']) if found.get(n) != digest['files'].get(n))
 
 
@@ -100,29 +115,18 @@ class Checkpoints:
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def digest(self, step: int) -> Optional[dict]:
-    path = self._digest_path(step)
-    if not os.path.exists(path):
-      return None
-    try:
-      with open(path) as file:
-        return json.load(file)
-    except (OSError, ValueError):
-      return {'files': {}, 'unreadable': True}
-
   def restore_latest(self, template_state, still_valid: Callable[[dict], Optional[str]] = lambda covers: None
                      ) -> tuple[Optional[int], object, Optional[dict]]:
     """(step, state, covers) of the newest checkpoint that restores and is intact; (None, template,
     None) when there is none. still_valid(covers) says why a checkpoint can no longer be resumed
     (None: it can)."""
     for step in sorted(self.manager.all_steps(), reverse=True):
-      digest = self.digest(step)
+      digest = read_digest(self.directory, step)
       if digest is None:
         logging.warning('checkpoint at step %d has no digest (written before digests, or cut before its digest '
                         'was); restoring it unverified', step)
       else:
-        changed = ['the digest file itself'] if digest.get('unreadable') else changed_files(
-            os.path.join(self.directory, str(step)), digest)
+        changed = changed_files(self.directory, step, digest)
         if changed:
           self._set_aside(step, f'its bytes changed since it was written: {", ".join(changed[:3])}')
           continue
@@ -191,10 +195,9 @@ def load_run(workdir: str):
   step = manager.latest_step()
   if step is None:
     raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to analyse; train the run first')
-  digest_path = os.path.join(directory + '.digests', f'{step}.json')
-  if os.path.exists(digest_path):
-    with open(digest_path) as file:
-      changed = changed_files(os.path.join(directory, str(step)), json.load(file))
+  digest = read_digest(directory, step)
+  if digest is not None:
+    changed = changed_files(directory, step, digest)
     if changed:
       raise ValueError(f'{directory}/{step}: its bytes changed since it was written ({", ".join(changed[:3])}); '
                        f'restart the training command on {workdir}, which sets it aside and resumes from an '

@@ -89,6 +89,8 @@ class MetricsWriter:
     self.path = os.path.join(workdir, METRICS_FILE)
     self.file = self.summary = None
     if primary:
+      existing = whole_lines(self.path)  # read once; coverage is then kept up to date as records are written
+      self.records, self.digest = len(existing), hashlib.sha256(''.join(existing).encode('utf-8'))
       self.file = open(self.path, 'a')
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self.summary = SummaryWriter(os.path.join(workdir, 'tensorboard'), flush_secs=30)
@@ -96,8 +98,11 @@ class MetricsWriter:
   def write(self, record: dict) -> None:
     if not self.primary:
       return
-    self.file.write(json.dumps(record, sort_keys=True) + '\n')
+    line = json.dumps(record, sort_keys=True) + '\n'
+    self.file.write(line)
     self.file.flush()
+    self.records += 1
+    self.digest.update(line.encode('utf-8'))
     prefix = record['split'] + (f'/length_{record["length"]}' if 'length' in record else '')
     for name, value in record.items():
       if isinstance(value, (int, float)) and name not in ('step', 'length') and math.isfinite(value):
@@ -109,7 +114,7 @@ class MetricsWriter:
       return None
     self.file.flush()
     os.fsync(self.file.fileno())
-    return coverage(whole_lines(self.path))
+    return {'records': self.records, 'sha256': self.digest.hexdigest()}
 
   def close(self) -> None:
     if self.file is not None:
