@@ -9,6 +9,9 @@
   python -m experiments.benchmark matmul [--length=256 ...]
       every matmul of the reference step alone, on both cores and on one
       (experiments/benchmarks/matmul.py)
+  python -m experiments.benchmark seeds [--configs=configs/algorithmic.py:copy --seeds=1,2,4,8 ...]
+      the training step of N seeds in one program (jax.vmap) against one seed alone
+      (experiments/benchmarks/seeds.py)
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -34,7 +37,12 @@ def _matmul():
   return matmul
 
 
-SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul}  # each module defines its own flags
+def _seeds():
+  from experiments.benchmarks import seeds
+  return seeds
+
+
+SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds}  # each module defines its own flags
 
 
 def main():

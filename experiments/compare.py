@@ -10,8 +10,11 @@ Before anything trains, every run's configuration is resolved and validated here
 directory that exists already is checked against it (experiments/runs/run_record.py): a run of another
 configuration is refused, one line per field, and nothing is launched. Each run then trains in its own
 subprocess in WORKDIR/<variant>-seed<k> (so one failure cannot take the sweep down; its output is
-appended to the run's train.log); a run that finished with exactly the requested configuration is
-skipped, so an interrupted sweep resumes where it stopped. SIGTERM or Ctrl-C is passed on to the
+appended to the train.log of the first run it trains); a run that finished with exactly the requested configuration is
+skipped, so an interrupted sweep resumes where it stopped. A variant's unfinished seeds train in one
+program (experiments/runs/replicas.py: `jax.vmap` over the seeds' replicas, each still its own run
+and workdir; consecutive seeds that resume from the same step go together); --novmap_seeds trains
+one run per process instead. SIGTERM or Ctrl-C is passed on to the
 running child, which checkpoints and exits; compare then exits 0 and a rerun resumes. A child whose
 parent dies is sent SIGTERM (Linux), so none is left behind. Then every metrics.jsonl is aggregated
 into results.csv and results.md (per variant and evaluation length, the mean over seeds with its 95%
@@ -41,6 +44,7 @@ from ml_collections import config_flags
 
 from experiments.shared import cli, signals
 from experiments.sweeps import results, slurm
+from experiments.sweeps.programs import programs
 from experiments.runs import run_record
 
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
@@ -55,6 +59,8 @@ _SLURM_OPTIONS = flags.DEFINE_string('slurm_options', '', 'Extra #SBATCH options
                                      '"--partition=gpu --time=04:00:00 --gres=gpu:1".')
 _COLLECT = flags.DEFINE_bool('collect', False, 'Launch nothing: tabulate the runs that finished (after a SLURM '
                              'array); exit code 1 while some have not.')
+_VMAP_SEEDS = flags.DEFINE_bool('vmap_seeds', True, "Train a variant's unfinished seeds in one program (jax.vmap "
+                                 'over their replicas); --novmap_seeds: one process per run.')
 _REFERENCE = flags.DEFINE_string('reference', None, 'A row of the sweep (e.g. none) that every other row is '
                                  'compared with, seed by seed: each difference marked significant or not.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
@@ -117,17 +123,26 @@ def row_config(config, row: str, seed: int):
   return config
 
 
-def row_flags(row: str, seed: int) -> list[str]:
+def row_flags(row: str, seed: int, seeds: int = 1) -> list[str]:
   field = 'model.architecture' if row in RECURRENT_BASELINES else 'model.position.kind'
-  return [f'--config.{field}={row}', f'--config.seed={seed}']
+  return [f'--config.{field}={row}', f'--config.seed={seed}'] + ([f'--seeds={seeds}'] if seeds > 1 else [])
 
 
-def run_one(command: list[str], workdir: str, stop) -> tuple[str, str]:
-  """Trains one run in a subprocess: ('ok' | 'failed' | 'stopped', the reason of a failure)."""
-  os.makedirs(workdir, exist_ok=True)
-  log_path = os.path.join(workdir, 'train.log')
+def run_one(command: list[str], workdirs: list[str], stop) -> dict:
+  """Trains one program (the runs in workdirs) in a subprocess. Its output is appended to the first
+  run's train.log (a file, not a pipe through this process, so a run outlives a killed compare with its
+  log intact); every other run's train.log records the command and where its output is.
+  Returns {workdir: ('ok' | 'failed' | 'stopped', the reason of a failure)}."""
+  header = f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(command)}\n'
+  for workdir in workdirs:
+    os.makedirs(workdir, exist_ok=True)
+  for workdir in workdirs[1:]:
+    with open(os.path.join(workdir, 'train.log'), 'a') as log:
+      log.write(header + f'(trained in one program with {", ".join(workdirs[:1])}: its output is in '
+                         f'{os.path.join(workdirs[0], "train.log")})\n')
+  log_path = os.path.join(workdirs[0], 'train.log')
   with open(log_path, 'a') as log:
-    log.write(f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(command)}\n')
+    log.write(header)
     log.flush()
     log_start = log.tell()
     environment = dict(os.environ, **{signals.PARENT_VARIABLE: str(os.getpid())})
@@ -138,13 +153,18 @@ def run_one(command: list[str], workdir: str, stop) -> tuple[str, str]:
         process.send_signal(getattr(signal, stop.requested))
         forwarded = True
       time.sleep(0.1)
-  if stop.requested:
-    return 'stopped', ''
-  if process.returncode == 0 and os.path.exists(os.path.join(workdir, run_record.SUMMARY_FILE)):
-    return 'ok', ''
   with open(log_path) as log:
     log.seek(log_start)
-    return 'failed', f'exit code {process.returncode}: {results.error_line(log.read().splitlines())}'
+    output = log.read().splitlines()
+  outcomes = {}
+  for workdir in workdirs:
+    if stop.requested:
+      outcomes[workdir] = ('stopped', '')
+    elif os.path.exists(os.path.join(workdir, run_record.SUMMARY_FILE)):  # written last, by a run that finished
+      outcomes[workdir] = ('ok', '')
+    else:
+      outcomes[workdir] = ('failed', f'exit code {process.returncode}: {results.error_line(output, workdir)}')
+  return outcomes
 
 
 def resolve(rows: list, seeds: int) -> dict:
@@ -202,47 +222,55 @@ def main(argv):
 
   runs = [(row, seed) for row in rows for seed in range(_SEEDS.value)]
 
-  def train_command(row, seed):
-    return [sys.executable, '-m', 'experiments.train', f'--config={config_file}',
-            f'--workdir={os.path.join(_WORKDIR.value, results.run_name(row, seed))}', *overrides, *row_flags(row, seed)]
+  def run_directory(row, seed):
+    return os.path.join(_WORKDIR.value, results.run_name(row, seed))
+
+  def train_command(row, seeds):
+    workdir = run_directory(row, '{seed}') if len(seeds) > 1 else run_directory(row, seeds[0])
+    return [sys.executable, '-m', 'experiments.train', f'--config={config_file}', f'--workdir={workdir}',
+            *overrides, *row_flags(row, seeds[0], len(seeds))]
 
   unfinished = [(row, seed) for row, seed in runs if not run_record.is_finished(
-      os.path.join(_WORKDIR.value, results.run_name(row, seed)), resolved[results.run_name(row, seed)])]
+      run_directory(row, seed), resolved[results.run_name(row, seed)])]
+  planned = [(row, group) for row in rows for group in programs(
+      row, [seed for r, seed in unfinished if r == row], _WORKDIR.value, _VMAP_SEEDS.value)]
   if _LAUNCHER.value == 'slurm' and unfinished and not _COLLECT.value:
     names = [results.run_name(row, seed) for row, seed in unfinished]
     try:
-      job = slurm.submit(_WORKDIR.value, [train_command(row, seed) for row, seed in unfinished], names,
+      job = slurm.submit(_WORKDIR.value, [train_command(row, group) for row, group in planned], names,
                          shlex.split(_SLURM_OPTIONS.value))
     except slurm.SubmissionError as error:
       cli.fail(str(error))
-    logging.info('submitted SLURM job array %s: %d runs (%s); when it has finished, run this command again with '
-                 '--collect to tabulate', job, len(names), ', '.join(names))
+    logging.info('submitted SLURM job array %s: %d programs of %d runs (%s); when it has finished, run this command '
+                 'again with --collect to tabulate', job, len(planned), len(names), ', '.join(names))
     return
   os.makedirs(_WORKDIR.value, exist_ok=True)
   failures = results.read_failures(_WORKDIR.value)
   started = time.time()
   with STOP.deferred() as stop:
     for index, (row, seed) in enumerate(runs if not _COLLECT.value else []):
-      name = results.run_name(row, seed)
-      workdir = os.path.join(_WORKDIR.value, name)
-      prefix = f'[{index + 1}/{len(runs)}] {name}'
-      if run_record.is_finished(workdir, resolved[name]):
-        logging.info('%s: finished earlier with this configuration, skipped', prefix)
-        failures.pop(name, None)
-        continue
+      if (row, seed) not in unfinished:
+        logging.info('[%d/%d] %s: finished earlier with this configuration, skipped', index + 1, len(runs),
+                     results.run_name(row, seed))
+        failures.pop(results.run_name(row, seed), None)
+    for index, (row, group) in enumerate(planned if not _COLLECT.value else []):
+      names = [results.run_name(row, seed) for seed in group]
+      prefix = f'[program {index + 1}/{len(planned)}] {", ".join(names)}'
       logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
-      outcome, error = run_one(train_command(row, seed), workdir, stop)
-      if outcome == 'stopped':
-        logging.warning('%s received: %s stopped at its checkpoint; rerun the same command to resume',
-                        stop.requested, name)
+      outcomes = run_one(train_command(row, group), [run_directory(row, seed) for seed in group], stop)
+      if stop.requested:
+        logging.warning('%s received: %s stopped at %s checkpoint; rerun the same command to resume',
+                        stop.requested, ', '.join(names), 'its' if len(names) == 1 else 'their')
         sys.exit(0)
-      if outcome == 'ok' and not run_record.is_finished(workdir, resolved[name]):
-        outcome, error = 'failed', 'the run finished, but its stored configuration is not the one requested'
-      if outcome == 'ok':
-        failures.pop(name, None)
-      else:
-        failures[name] = error
-        logging.warning('%s: FAILED: %s', prefix, error)
+      for name, seed in zip(names, group):
+        outcome, error = outcomes[run_directory(row, seed)]
+        if outcome == 'ok' and not run_record.is_finished(run_directory(row, seed), resolved[name]):
+          outcome, error = 'failed', 'the run finished, but its stored configuration is not the one requested'
+        if outcome == 'ok':
+          failures.pop(name, None)
+        else:
+          failures[name] = error
+          logging.warning('%s: FAILED: %s', name, error)
       results.write_failures(_WORKDIR.value, failures)
     try:
       table = results.aggregate(_WORKDIR.value, rows, _SEEDS.value, expected=resolved)

@@ -2,6 +2,10 @@
 
   python -m experiments.train --config=configs/algorithmic.py:copy --workdir=runs/copy \
       [--config.model.position.kind=rope --config.train.steps=500 ...]
+  python -m experiments.train --config=configs/algorithmic.py:copy --seeds=4 --workdir=runs/copy-seed{seed}
+
+--seeds=N trains the seeds config.seed .. config.seed + N - 1 in one program (experiments/runs/replicas.py),
+each in its own workdir (the {seed} in --workdir), each the run its seed would be alone.
 
 A workdir that holds a run is resumed, if the configuration is the run's own (or differs only in what
 experiments/runs/run_record.py allows to change on resume); any other difference is refused, one line per
@@ -23,6 +27,8 @@ from experiments.shared import cli
 _CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/<name>.py).',
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for config.json, metrics, checkpoints.')
+_SEEDS = flags.DEFINE_integer('seeds', 1, 'Train seeds config.seed .. config.seed + seeds - 1 in one program; '
+                              'with more than one, --workdir holds {seed}.')
 _COORDINATOR = flags.DEFINE_string('coordinator_address', None, 'Multi-host: HOST:PORT of process 0.')
 _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Multi-host: number of processes.')
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Multi-host: index of this process.')
@@ -40,10 +46,12 @@ def prepare():
   import jax  # pylint: disable=g-import-not-at-top
   try:
     experiment = settings.from_config_dict(_CONFIG.value, jax.device_count())
-    settings.check_workdir(_WORKDIR.value)
+    workdirs = settings.seed_workdirs(_WORKDIR.value, experiment.seed, _SEEDS.value)
+    for workdir in workdirs:
+      settings.check_workdir(workdir)
   except settings.ConfigError as error:
     cli.fail(str(error))
-  return experiment, _WORKDIR.value
+  return experiment, workdirs
 
 
 def evaluation_table(experiment, evaluation: dict) -> str:
@@ -59,25 +67,31 @@ def evaluation_table(experiment, evaluation: dict) -> str:
 
 def main(argv):
   del argv
-  experiment, workdir = prepare()
+  experiment, workdirs = prepare()
   from experiments.runs import checkpoints, metrics, run_record, trainer  # pylint: disable=g-import-not-at-top
   try:
-    evaluation = trainer.run(experiment, workdir)
+    evaluations = trainer.run_seeds(experiment, workdirs)
   except run_record.RunMismatch as mismatch:
     for line in mismatch.lines:
       print(f'error: {line}', file=sys.stderr)
     sys.exit(2)
-  except (trainer.NonFiniteLoss, trainer.WorkdirBusy, trainer.WorkdirUnusable, checkpoints.CheckpointMismatch,
-          metrics.MetricsDamaged) as error:
+  except trainer.NonFiniteLoss as error:  # a line per diverged seed
+    for line in str(error).splitlines():
+      print(f'error: {line}', file=sys.stderr)
+    sys.exit(2)
+  except (trainer.WorkdirBusy, trainer.WorkdirUnusable, trainer.ReplicasOutOfStep,
+          checkpoints.CheckpointMismatch, metrics.MetricsDamaged) as error:
     cli.fail(str(error))
-  if not run_record.is_finished(workdir):
-    return  # stopped by a signal: the restart finishes it
-  position = experiment.model.position.kind if experiment.model.architecture == 'transformer' else '-'
-  print(f'{experiment.task.name}, {experiment.model.architecture} ({position} positions), seed {experiment.seed}: '
-        f'{experiment.train.steps} steps; the final evaluation by length (training length {experiment.task.max_length}):')
-  print(evaluation_table(experiment, evaluation))
-  print(f'in {workdir}: config.json, metrics.jsonl (every record), summary.json (this table), tensorboard/, '
-        f'checkpoints/')
+  for offset, (workdir, evaluation) in enumerate(zip(workdirs, evaluations)):
+    if not run_record.is_finished(workdir):
+      return  # stopped by a signal: the restart finishes it
+    position = experiment.model.position.kind if experiment.model.architecture == 'transformer' else '-'
+    print(f'{experiment.task.name}, {experiment.model.architecture} ({position} positions), seed '
+          f'{experiment.seed + offset}: {experiment.train.steps} steps; the final evaluation by length (training '
+          f'length {experiment.task.max_length}):')
+    print(evaluation_table(experiment, evaluation))
+    print(f'in {workdir}: config.json, metrics.jsonl (every record), summary.json (this table), tensorboard/, '
+          f'checkpoints/')
 
 
 if __name__ == '__main__':

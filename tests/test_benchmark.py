@@ -178,3 +178,28 @@ def test_the_peer_is_our_model_but_for_the_differences_it_lists():
       assert theirs.attn_layers.rotary_pos_emb.inv_freq.numel() == width // heads // 2  # a frequency per pair
     assert any(isinstance(m, torch.nn.ReLU) for m in theirs.modules()) and not any(
         isinstance(m, torch.nn.GELU) for m in theirs.modules())
+
+
+@pytest.mark.slow
+def test_seeds_benchmark_times_each_replica_count_against_one_seed_alone(tmp_path):
+  output = tmp_path / 'seeds.json'
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark', 'seeds', '--configs=configs/smoke.py', '--seeds=2',
+       '--steps=2', '--warmup=1', f'--json={output}'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(output.read_text())
+  assert [row['seeds'] for row in rows] == [1, 2]  # one seed alone, the baseline, is always measured
+  for row in rows:
+    assert row['step_min_ms'] <= row['step_ms'] <= row['step_max_ms'] and row['parameters'] > 0
+  ratio = rows[1]['step_ms'] / rows[0]['step_ms']
+  assert f'| configs/smoke.py | 2 | {rows[1]["compile_s"]:.1f} | {rows[1]["step_ms"]:.1f} ' in result.stdout
+  assert f'| {ratio:.2f} | {rows[1]["step_ms"] / 2:.1f} | {2 / ratio:.2f} |' in result.stdout
+
+
+def test_seeds_benchmark_names_a_bad_count():
+  result = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'seeds', '--seeds=0,2'], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip() == "error: --seeds: got '0,2'; valid: comma-separated positive integers, e.g. 1,2,4,8"

@@ -53,7 +53,7 @@ def test_the_job_array_runs_each_unfinished_run_with_the_local_command(tmp_path,
   result = subprocess.run(_compare(sweep, '--launcher=slurm', '--slurm_options=--partition=gpu --time=04:00:00'),
                           cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert 'submitted SLURM job array 4242: 2 runs (none-seed0, alibi-seed0)' in result.stderr
+  assert 'submitted SLURM job array 4242: 2 programs of 2 runs (none-seed0, alibi-seed0)' in result.stderr
   assert log.read_text().split()[0] == '--parsable'
   script = (sweep / 'slurm' / 'sweep.sbatch').read_text()
   for line in ('#SBATCH --array=0-1', '#SBATCH --requeue', '#SBATCH --signal=B:TERM@120', '#SBATCH --partition=gpu',

@@ -1,11 +1,12 @@
 """Intervals over seeds and paired comparisons (experiments/sweeps/statistics.py), against published
-t-table values, closed forms, a coverage simulation, and hand-computed sweeps."""
+t-table values, closed forms, scipy.stats, a coverage simulation, and hand-computed sweeps."""
 
 import json
 import math
 import random
 
 import pytest
+from scipy import stats as scipy_stats
 
 from experiments.sweeps import results, statistics
 
@@ -74,3 +75,41 @@ def test_a_sweeps_table_gives_intervals_and_marks_significant_differences_from_t
   rows = {(r.split(',')[0]): r.split(',') for r in (tmp_path / 'results.csv').read_text().splitlines()[1:]}
   assert rows['rope'][11] == 'yes' and rows['alibi'][11] == 'no' and rows['none'][11] == ''
   assert float(rows['rope'][8]) == pytest.approx(0.2, abs=1e-9)
+
+
+KNOWN_DATA = {  # small samples of the kind a sweep has: 3, 5 and 10 seeds
+    'three_seeds': [0.633, 0.701, 0.594],
+    'five_seeds': [2.42, 2.51, 2.47, 2.60, 2.39],
+    'ten_seeds': [1.0, 0.992, 1.0, 0.984, 1.0, 1.0, 0.976, 1.0, 0.992, 1.0],
+}
+
+
+@pytest.mark.parametrize('name', sorted(KNOWN_DATA))
+@pytest.mark.parametrize('confidence', [0.9, 0.95, 0.99])
+def test_the_interval_matches_scipys_student_t_interval(name, confidence):
+  values = KNOWN_DATA[name]
+  low, high = scipy_stats.t.interval(confidence, len(values) - 1, loc=scipy_stats.tmean(values),
+                                     scale=scipy_stats.sem(values))
+  mean, half_width = statistics.mean_interval(values, confidence)
+  assert mean == pytest.approx((low + high) / 2, abs=1e-12)
+  assert half_width == pytest.approx((high - low) / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize('degrees', [1, 2, 3, 7, 29, 250])
+def test_t_cdf_and_quantile_match_scipy(degrees):
+  for t in (-6.0, -1.3, 0.0, 0.4, 2.1, 9.0):
+    assert statistics.student_t_cdf(t, degrees) == pytest.approx(scipy_stats.t.cdf(t, degrees), abs=1e-12)
+  for probability in (0.005, 0.05, 0.5, 0.95, 0.975, 0.995):
+    assert statistics.student_t_quantile(probability, degrees) == pytest.approx(
+        scipy_stats.t.ppf(probability, degrees), rel=1e-9, abs=1e-12)
+
+
+def test_a_paired_difference_matches_scipys_paired_t_test():
+  variant = {0: 0.97, 1: 0.91, 2: 0.95, 3: 0.99}
+  reference = {0: 0.63, 1: 0.70, 2: 0.59, 3: 0.66, 7: 0.1}  # seed 7 has no partner: left out
+  mean, half_width, seeds, significant = statistics.paired_difference(variant, reference)
+  test = scipy_stats.ttest_rel([variant[s] for s in range(4)], [reference[s] for s in range(4)])
+  interval = test.confidence_interval(0.95)
+  assert seeds == 4 and mean == pytest.approx((interval.low + interval.high) / 2, abs=1e-12)
+  assert half_width == pytest.approx((interval.high - interval.low) / 2, rel=1e-9)
+  assert significant == (test.pvalue < 0.05)

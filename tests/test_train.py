@@ -49,9 +49,9 @@ def test_train_step_compiles_once(tmp_path, parallel):
 
   def wrap(step_fn):
     @chex.assert_max_traces(n=1)
-    def counted(state, batch, axis_name=None):
+    def counted(state, batch, seed, axis_name=None):
       traces.append(1)
-      return step_fn(state, batch, axis_name=axis_name)
+      return step_fn(state, batch, seed, axis_name=axis_name)
     return counted
 
   chex.clear_trace_counter()

@@ -34,18 +34,26 @@ def pad_batch(batch: dict, cap: Optional[int] = None, fixed_width_keys: tuple = 
   return padded
 
 
-def evaluate(task: Task, experiment, placement, eval_step, params, step: int, metrics_writer,
-             started: float, position_cap: Optional[int]) -> dict:
-  """Every evaluation length, task.eval_batches batches each; one metrics record per length."""
-  records = {}
+def evaluate(task: Task, experiment, placement, eval_step, params, step: int, replicas, metrics_writers: list,
+             started: float, position_cap: Optional[int]) -> list[dict]:
+  """Every evaluation length, task.eval_batches batches each, for every replica (each on the batches
+  of its own seed); one metrics record per replica and length, written by that replica's writer (None:
+  the replica writes nothing, e.g. one that has diverged). Returns each replica's records by length."""
+  records = [{} for _ in replicas.seeds]
   for length in experiment.task.eval_lengths:
-    totals = None
+    totals = [None] * replicas.count
     for index in range(experiment.task.eval_batches):
-      batch = task.batch(experiment.seed, index, 'eval', experiment.train.batch_size, length=length)
-      sums = dict(placement.to_host(eval_step(params, placement.put_batch(pad_batch(batch, position_cap, task.fixed_width_keys)))))
-      sums.update(task.host_metrics(batch))
-      totals = sums if totals is None else jax.tree_util.tree_map(np.add, totals, sums)
-    record = dict(step=step, split='eval', length=length, **task.summarize(totals), wall_time=time.time() - started)
-    metrics_writer.write(record)
-    records[length] = record
+      batches = [task.batch(seed, index, 'eval', experiment.train.batch_size, length=length)
+                 for seed in replicas.seeds]
+      padded = replicas.join([pad_batch(batch, position_cap, task.fixed_width_keys) for batch in batches])
+      all_sums = replicas.split(placement.to_host(eval_step(params, placement.put_batch(padded))))
+      for i, (sums, batch) in enumerate(zip(all_sums, batches)):
+        sums = dict(sums, **task.host_metrics(batch))
+        totals[i] = sums if totals[i] is None else jax.tree_util.tree_map(np.add, totals[i], sums)
+    for i, writer in enumerate(metrics_writers):
+      record = dict(step=step, split='eval', length=length, **task.summarize(totals[i]),
+                    wall_time=time.time() - started)
+      if writer is not None:
+        writer.write(record)
+      records[i][length] = record
   return records

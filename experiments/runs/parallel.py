@@ -45,27 +45,34 @@ def initialize_distributed(coordinator_address: Optional[str], num_processes: Op
 class Placement:
   """Moves states and batches to devices and compiles the steps for one parallel mode."""
 
-  def __init__(self, mode: str, devices: Optional[list] = None):
-    """devices: all devices of all hosts by default; a subset (single host only) for comparisons."""
-    self.mode = mode
+  def __init__(self, mode: str, devices: Optional[list] = None, batch_axis: int = 0):
+    """devices: all devices of all hosts by default; a subset (single host only) for comparisons.
+    batch_axis: the axis of a global batch that holds its examples (1 when a replica axis comes first,
+    experiments/runs/replicas.py); the state's leaves carry that replica axis too, and stay whole."""
+    self.mode, self.batch_axis = mode, batch_axis
     devices = list(devices) if devices is not None else jax.devices()
     self.num_devices = len(devices)
     self.local_devices = [d for d in devices if d.process_index == jax.process_index()]
     if mode == 'mesh':
       self.mesh = Mesh(np.asarray(devices), (AXIS,))
       self.replicated = NamedSharding(self.mesh, PartitionSpec())
-      self.sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))
+      self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), AXIS))
 
   # ---- batches ----
   def put_batch(self, global_batch: dict) -> dict:
     if self.mode == 'mesh':
       return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
               for k, v in global_batch.items()}
-    per_host = len(next(iter(global_batch.values()))) // jax.process_count()
+    axis = self.batch_axis
+    per_host = next(iter(global_batch.values())).shape[axis] // jax.process_count()
     start = jax.process_index() * per_host
     local_count = len(self.local_devices)
-    return {k: v[start:start + per_host].reshape(local_count, per_host // local_count, *v.shape[1:])
-            for k, v in global_batch.items()}
+
+    def local_part(v):  # this host's examples, one slice per local device, the device axis first
+      mine = np.take(v, np.arange(start, start + per_host), axis=axis)
+      split = mine.reshape(*v.shape[:axis], local_count, per_host // local_count, *v.shape[axis + 1:])
+      return np.moveaxis(split, axis, 0)
+    return {k: local_part(v) for k, v in global_batch.items()}
 
   # ---- states ----
   def put_state(self, host_state):
@@ -92,11 +99,14 @@ class Placement:
 
   # ---- steps ----
   def compile_train_step(self, step_fn: Callable) -> Callable:
-    """step_fn(state, batch, axis_name=...) -> (state, metrics); the state is donated."""
+    """step_fn(state, batch, seed, axis_name=...) -> (state, metrics); the state is donated, the seed
+    (experiments/runs/replicas.py) is the same on every device."""
     if self.mode == 'mesh':
-      return jax.jit(functools.partial(step_fn, axis_name=None), in_shardings=(self.replicated, self.sharded),
+      return jax.jit(functools.partial(step_fn, axis_name=None),
+                     in_shardings=(self.replicated, self.sharded, self.replicated),
                      out_shardings=(self.replicated, self.replicated), donate_argnums=0)
-    return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS, donate_argnums=0)
+    return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS, in_axes=(0, 0, None),
+                    donate_argnums=0)
 
   def compile_eval_step(self, eval_fn: Callable) -> Callable:
     """eval_fn(params, batch, axis_name=...) -> summed metrics."""

@@ -119,25 +119,36 @@ def refusals(workdir: str, stored: dict, requested: dict) -> list[str]:
   return lines
 
 
-def open_run(workdir: str, requested: dict, primary: bool = True) -> dict:
-  """Before anything else is written to the workdir: create the run (config.json, once) or check that
-  the requested configuration may continue it. Returns the accepted changes {field: (old, new)},
+def open_runs(workdirs: list[str], requested: list[dict], primary: bool = True) -> list[dict]:
+  """Before anything else is written to the workdirs: create each run (config.json, once) or check that
+  its requested configuration may continue it. Returns each run's accepted changes {field: (old, new)},
   which `record_changes` appends once the run knows the step it resumes from.
-  Raises RunMismatch (nothing written) when the configuration differs in a field it may not."""
-  stored = stored_config(workdir)
-  if stored is None:
-    leftovers = [name for name in ('checkpoints', 'metrics.jsonl', SUMMARY_FILE)
-                 if os.path.exists(os.path.join(workdir, name))]
-    if leftovers:
-      raise RunMismatch([f'workdir: {workdir} holds {", ".join(leftovers)} but no {CONFIG_FILE}, so what wrote '
-                         f'them cannot be checked; use a new --workdir'])
-    if primary:
-      write_json_atomically(os.path.join(workdir, CONFIG_FILE), canonical(requested))
-    return {}
-  lines = refusals(workdir, stored, requested)
+  Raises RunMismatch, with the lines of every run, before writing anything to any of them, when a
+  configuration differs from its run's in a field it may not."""
+  lines, changes = [], []
+  for workdir, wanted in zip(workdirs, requested):
+    stored = stored_config(workdir)
+    if stored is None:
+      leftovers = [name for name in ('checkpoints', 'metrics.jsonl', SUMMARY_FILE)
+                   if os.path.exists(os.path.join(workdir, name))]
+      if leftovers:
+        lines.append(f'workdir: {workdir} holds {", ".join(leftovers)} but no {CONFIG_FILE}, so what wrote '
+                     f'them cannot be checked; use a new --workdir')
+      changes.append(None)
+    else:
+      lines += refusals(workdir, stored, wanted)
+      changes.append(differences(stored, wanted))
   if lines:
     raise RunMismatch(lines)
-  return differences(stored, requested)
+  for workdir, wanted, changed in zip(workdirs, requested, changes):
+    if changed is None and primary:
+      write_json_atomically(os.path.join(workdir, CONFIG_FILE), canonical(wanted))
+  return [changed or {} for changed in changes]
+
+
+def open_run(workdir: str, requested: dict, primary: bool = True) -> dict:
+  """open_runs for one run."""
+  return open_runs([workdir], [requested], primary)[0]
 
 
 def record_changes(workdir: str, changes: dict, step: int) -> None:

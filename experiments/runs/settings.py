@@ -205,5 +205,19 @@ def check_workdir(workdir: str) -> None:
     raise ConfigError(f'workdir: got {workdir!r}; valid: a path under a writable directory ({existing} is not)')
 
 
+def seed_workdirs(workdir: str, first_seed: int, seeds: int) -> list[str]:
+  """The workdirs of seeds first_seed .. first_seed + seeds - 1 trained in one program: `workdir` with
+  {seed} replaced by each seed (one seed: `workdir` itself, {seed} replaced if it is there)."""
+  if seeds < 1:
+    raise ConfigError(f'--seeds: got {seeds}; valid: a positive integer')
+  if first_seed + seeds - 1 > MAX_SEED:
+    raise ConfigError(f'--seeds: got {seeds} from seed {first_seed}, past the largest seed {MAX_SEED}; valid: at '
+                      f'most {MAX_SEED - first_seed + 1}')
+  if seeds > 1 and '{seed}' not in workdir:
+    raise ConfigError(f'--workdir: got {workdir!r}, the same for every seed; valid with --seeds={seeds}: a path '
+                      f'with {{seed}} in it, e.g. {workdir.rstrip("/")}-seed{{seed}}')
+  return [workdir.replace('{seed}', str(first_seed + offset)) for offset in range(seeds)]
+
+
 def to_dict(experiment: Experiment) -> dict:
   return dataclasses.asdict(experiment)

@@ -61,10 +61,12 @@ def _forward_sums(params, batch, *, model, task, label_smoothing, dropout_key, d
   return task.loss_and_metrics(logits, batch, label_smoothing)
 
 
-def train_step(state: TrainState, batch: dict, *, model, task, experiment: Experiment,
+def train_step(state: TrainState, batch: dict, seed, *, model, task, experiment: Experiment,
                axis_name: Optional[str] = None) -> tuple[TrainState, dict[str, Any]]:
-  """One optimisation step. With axis_name (pmap), sums and gradients are psum-ed over devices."""
-  dropout_key = jax.random.fold_in(jax.random.PRNGKey(experiment.seed + 1), state.step)
+  """One optimisation step of the run with this seed (an argument, not experiment.seed, so that one
+  program can step several seeds' replicas: experiments/runs/replicas.py). Dropout's key is
+  fold_in(PRNGKey(seed + 1), step). With axis_name (pmap), sums and gradients are psum-ed over devices."""
+  dropout_key = jax.random.fold_in(jax.random.PRNGKey(seed + 1), state.step)
   if axis_name is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
   reduce = (lambda x: jax.lax.psum(x, axis_name)) if axis_name is not None else (lambda x: x)

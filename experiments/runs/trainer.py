@@ -2,6 +2,7 @@
 loudly on a non-finite loss."""
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -21,6 +22,7 @@ from experiments.runs.checkpoints import Checkpoints
 from experiments.runs.evaluation import evaluate
 from experiments.shared.files import write_json_atomically
 from experiments.runs.parallel import Placement
+from experiments.runs.replicas import Replicas
 from experiments.runs.run_record import SUMMARY_FILE
 from experiments.runs.settings import Experiment, evaluation_width_cap, to_dict
 from experiments.shared.signals import STOP
@@ -37,6 +39,10 @@ class WorkdirBusy(RuntimeError):
 
 class WorkdirUnusable(RuntimeError):
   """The workdir cannot be created or written."""
+
+
+class ReplicasOutOfStep(RuntimeError):
+  """The runs of one program would resume from different steps."""
 
 
 class _WorkdirLock:
@@ -100,106 +106,174 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
   step, experiments.shared.signals.Interrupted. devices: every device by default; tests pass a subset to
   compare device counts in one process.
   """
+  return run_seeds(experiment, [workdir], wrap_train_step=wrap_train_step, devices=devices)[0]
+
+
+def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: Callable = lambda f: f,
+              devices: Optional[list] = None) -> list[dict]:
+  """Trains the runs of seeds experiment.seed + i, in workdirs[i], side by side in one program
+  (experiments/runs/replicas.py); each is the run its seed would be alone. Returns each run's last
+  evaluation. They resume together, so they must resume from the same step (ReplicasOutOfStep
+  otherwise). A replica whose loss turns non-finite is reported and stops (its last good checkpoint
+  kept) while the others train on; the call then raises NonFiniteLoss naming it, after the others
+  have finished or stopped."""
+  if len(set(map(os.path.abspath, workdirs))) < len(workdirs):
+    raise WorkdirUnusable(f'workdirs: got {workdirs}; valid: one distinct workdir per seed')
   primary = jax.process_index() == 0
-  with STOP.deferred() as stop:
-    try:
-      os.makedirs(workdir, exist_ok=True)
-      lock = _WorkdirLock(workdir) if primary else contextlib.nullcontext()
-    except OSError as error:
-      raise WorkdirUnusable(f'workdir: got {workdir!r}; cannot create or write it: {error.strerror or error}') from None
-    with lock:
-      return _run_locked(experiment, workdir, primary, wrap_train_step, devices, stop)
+  experiments = [dataclasses.replace(experiment, seed=experiment.seed + i) for i in range(len(workdirs))]
+  with STOP.deferred() as stop, contextlib.ExitStack() as locks:
+    for workdir in workdirs:
+      try:
+        os.makedirs(workdir, exist_ok=True)
+        lock = _WorkdirLock(workdir) if primary else contextlib.nullcontext()
+      except OSError as error:
+        raise WorkdirUnusable(f'workdir: got {workdir!r}; cannot create or write it: {error.strerror or error}'
+                              ) from None
+      locks.enter_context(lock)
+    return _run_locked(experiments, workdirs, primary, wrap_train_step, devices, stop)
 
 
-def _run_locked(experiment, workdir, primary, wrap_train_step, devices, stop) -> dict:
-  changes = run_record.open_run(workdir, to_dict(experiment), primary)
+def _run_locked(experiments, workdirs, primary, wrap_train_step, devices, stop) -> list[dict]:
+  all_changes = run_record.open_runs(workdirs, [to_dict(e) for e in experiments], primary)
   stop.check()
-  logging.info('devices: %d (%s), parallel=%s', len(devices or jax.devices()), jax.default_backend(),
-               experiment.parallel)
+  experiment = experiments[0]  # everything but the seed is the same in every replica
+  replicas = Replicas([e.seed for e in experiments])
+  logging.info('devices: %d (%s), parallel=%s, seeds %s in one program', len(devices or jax.devices()),
+               jax.default_backend(), experiment.parallel, replicas.seeds)
 
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
-  placement = Placement(experiment.parallel, devices)
-  checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, primary)
+  placement = Placement(experiment.parallel, devices, batch_axis=replicas.batch_axis)
+  all_checkpoints = []
   try:
-    host_state = jax.device_get(steps.create_train_state(experiment, model, task))
-    stop.check()
-    start_step, host_state, covered = checkpoints.restore_latest(
-        host_state, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None)
-    start_step = start_step or 0
+    restored = []
+    for run_experiment, workdir in zip(experiments, workdirs):
+      checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, primary)
+      all_checkpoints.append(checkpoints)
+      host_state = jax.device_get(steps.create_train_state(run_experiment, model, task))
+      stop.check()
+      restored.append(checkpoints.restore_latest(
+          host_state, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None))
+    start_steps = [step or 0 for step, _, _ in restored]
+    if len(set(start_steps)) > 1:
+      raise ReplicasOutOfStep(
+          'the runs of one program resume together, from one step, but their checkpoints are at ' +
+          ', '.join(f'step {step} in {workdir}' for step, workdir in zip(start_steps, workdirs)) +
+          '; train them one at a time (--seeds=1), or with experiments.compare, which groups runs by their step')
+    start_step = start_steps[0]
     if primary:
-      run_record.record_changes(workdir, changes, start_step)
-      for name, (old, new) in changes.items():
-        logging.warning('resuming with %s changed from %r to %r (recorded in %s)', name, old, new,
-                        run_record.CHANGES_FILE)
+      for workdir, changes in zip(workdirs, all_changes):
+        run_record.record_changes(workdir, changes, start_step)
+        for name, (old, new) in changes.items():
+          logging.warning('%s: resuming with %s changed from %r to %r (recorded in %s)', workdir, name, old, new,
+                          run_record.CHANGES_FILE)
   except BaseException:
-    checkpoints.close()
+    for checkpoints in all_checkpoints:
+      checkpoints.close()
     raise
-  summary_path = os.path.join(workdir, SUMMARY_FILE)
-  if start_step >= experiment.train.steps and os.path.exists(summary_path):
-    logging.info('the run finished earlier (step %d); nothing to do', start_step)
-    checkpoints.close()
-    with open(summary_path) as file:
-      return {int(length): record for length, record in json.load(file)['evaluation'].items()}
+  summaries = [os.path.join(workdir, SUMMARY_FILE) for workdir in workdirs]
+  finished = [start_step >= experiment.train.steps and os.path.exists(path) for path in summaries]
+  if all(finished):
+    logging.info('the run%s finished earlier (step %d); nothing to do', 's' if len(workdirs) > 1 else '', start_step)
+    for checkpoints in all_checkpoints:
+      checkpoints.close()
+    return [_read_summary(path) for path in summaries]
   if start_step:
-    logging.info('resuming from the checkpoint at step %d', start_step)
+    logging.info('resuming from the checkpoint%s at step %d', 's' if len(workdirs) > 1 else '', start_step)
   # A run killed between its final checkpoint and summary.json evaluates again: drop that evaluation.
   final_evaluation_pending = start_step >= experiment.train.steps
-  if primary:
-    metrics_file.restore(workdir, start_step, covered, drop_evaluation_at_step=final_evaluation_pending)
-  metrics = metrics_file.MetricsWriter(workdir, primary)
+  writers = []
   try:
-    return _train(experiment, workdir, primary, wrap_train_step, stop, task, model, placement, checkpoints,
-                  metrics, host_state, start_step, final_evaluation_pending)
+    for workdir, (_, _, covered), done in zip(workdirs, restored, finished):
+      if done:  # finished earlier, beside a replica that did not: left as it is
+        writers.append(None)
+        continue
+      if primary:
+        metrics_file.restore(workdir, start_step, covered, drop_evaluation_at_step=final_evaluation_pending)
+      writers.append(metrics_file.MetricsWriter(workdir, primary))
+    host_state = replicas.join([state for _, state, _ in restored])
+    evaluations = _train(experiment, workdirs, primary, wrap_train_step, stop, task, model, placement, replicas,
+                         all_checkpoints, writers, host_state, start_step, final_evaluation_pending)
   finally:
-    metrics.close()
-    checkpoints.close()
+    for writer in writers:
+      if writer is not None:
+        writer.close()
+    for checkpoints in all_checkpoints:
+      checkpoints.close()
+  return [_read_summary(path) if done else evaluation
+          for path, done, evaluation in zip(summaries, finished, evaluations)]
 
 
-def _train(experiment, workdir, primary, wrap_train_step, stop, task, model, placement, checkpoints, metrics,
-           host_state, start_step, final_evaluation_pending) -> dict:
+def _read_summary(path: str) -> dict:
+  with open(path) as file:
+    return {int(length): record for length, record in json.load(file)['evaluation'].items()}
+
+
+def _train(experiment, workdirs, primary, wrap_train_step, stop, task, model, placement, replicas, all_checkpoints,
+           writers, host_state, start_step, final_evaluation_pending) -> list[dict]:
   state = placement.put_state(host_state)
-  train_step = placement.compile_train_step(wrap_train_step(functools.partial(
-      steps.train_step, model=model, task=task, experiment=experiment)))
-  eval_step = placement.compile_eval_step(functools.partial(steps.eval_step, model=model, task=task))
-
+  train_step = placement.compile_train_step(wrap_train_step(replicas.train_step(functools.partial(
+      steps.train_step, model=model, task=task, experiment=experiment))))
+  eval_step = placement.compile_eval_step(replicas.eval_step(functools.partial(steps.eval_step, model=model,
+                                                                               task=task)))
+  seed_argument = replicas.seed_argument()
   train = experiment.train
   started = time.time()
-  run_evaluation = functools.partial(evaluate, task, experiment, placement, eval_step, metrics_writer=metrics,
-                                     started=started, position_cap=evaluation_width_cap(experiment))
+  active = [writer is not None for writer in writers]  # replicas still training: not finished, not diverged
+  diverged = []
+
+  def run_evaluation(params, step):
+    return evaluate(task, experiment, placement, eval_step, params, step, replicas,
+                    [w if a else None for w, a in zip(writers, active)], started=started,
+                    position_cap=evaluation_width_cap(experiment))
 
   def save(step):
-    checkpoints.save(step, placement.host_state(state), covers=metrics.sync())
+    host_states = replicas.split(placement.host_state(state))
+    for i, checkpoints in enumerate(all_checkpoints):
+      if active[i]:
+        checkpoints.save(step, host_states[i], covers=writers[i].sync())
 
-  last_evaluation = {}
+  last_evaluation = [{} for _ in workdirs]
   step = start_step
   stop.check()  # nothing trained yet in this process: a stop here has nothing to save
   progress = _Progress(start_step, train.steps, task.headline_metric)
   try:
     if final_evaluation_pending:
       last_evaluation = run_evaluation(state.params, step)
-    window_start, window_tokens = time.time(), 0.0
-    while step < train.steps:
-      batch = task.batch(experiment.seed, step, 'train', train.batch_size)
-      state, step_metrics = train_step(state, placement.put_batch(batch))
+    window_start, window_tokens = time.time(), [0.0] * replicas.count
+    while step < train.steps and any(active):
+      batches = [task.batch(seed, step, 'train', train.batch_size) for seed in replicas.seeds]
+      state, step_metrics = train_step(state, placement.put_batch(replicas.join(batches)), seed_argument)
       step += 1
-      host_metrics = placement.to_host(step_metrics)
-      window_tokens += float(np.sum(batch['valid']))
-      summary = task.summarize(host_metrics)
-      if not np.isfinite(summary['loss']):
-        raise NonFiniteLoss(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good '
-                            f'checkpoint (step {checkpoints.latest_step()}) is kept in '
-                            f'{checkpoints.directory}')
-      record = None
-      if step % train.log_every == 0 or step == train.steps:
-        elapsed = max(time.time() - window_start, 1e-9)
-        record = dict(step=step, split='train', **summary,
-                      learning_rate=float(host_metrics['learning_rate']),
-                      gradient_norm=float(host_metrics['gradient_norm']),
-                      tokens_per_second=window_tokens / elapsed, wall_time=time.time() - started)
-        metrics.write(record)
-        window_start, window_tokens = time.time(), 0.0
-      progress.update(step, record)
+      host_metrics = replicas.split(placement.to_host(step_metrics))
+      log_now = step % train.log_every == 0 or step == train.steps
+      elapsed = max(time.time() - window_start, 1e-9)
+      shown = None
+      for i in range(replicas.count):
+        if not active[i]:
+          continue
+        window_tokens[i] += float(np.sum(batches[i]['valid']))
+        summary = task.summarize(host_metrics[i])
+        if not np.isfinite(summary['loss']):
+          active[i] = False
+          diverged.append(f'non-finite loss {summary["loss"]} at step {step}; stopping. The last good checkpoint '
+                          f'(step {all_checkpoints[i].latest_step()}) is kept in {all_checkpoints[i].directory}')
+          if replicas.vectorized:
+            diverged[-1] = f'seed {replicas.seeds[i]} ({workdirs[i]}): {diverged[-1]}'
+            logging.error('%s; the other seeds train on', diverged[-1])
+          continue
+        if log_now:
+          record = dict(step=step, split='train', **summary,
+                        learning_rate=float(host_metrics[i]['learning_rate']),
+                        gradient_norm=float(host_metrics[i]['gradient_norm']),
+                        tokens_per_second=window_tokens[i] / elapsed, wall_time=time.time() - started)
+          writers[i].write(record)
+          shown = shown or record
+      if log_now:
+        window_start, window_tokens = time.time(), [0.0] * replicas.count
+      progress.update(step, shown)
+      if not any(active):
+        break
       if step % train.eval_every == 0 or step == train.steps:
         last_evaluation = run_evaluation(state.params, step)
       if step % train.checkpoint_every == 0 or step == train.steps:
@@ -209,9 +283,13 @@ def _train(experiment, workdir, primary, wrap_train_step, stop, task, model, pla
         save(step)
         break
     if step == train.steps and primary:  # the marker of a finished run, written last
-      write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(step=step, evaluation={  # by length, in order
-          str(length): dict(sorted(last_evaluation[length].items())) for length in sorted(last_evaluation)}),
-                            sort_keys=False)
+      for i, workdir in enumerate(workdirs):
+        if active[i]:
+          write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(step=step, evaluation={  # by length
+              str(length): dict(sorted(last_evaluation[i][length].items()))
+              for length in sorted(last_evaluation[i])}), sort_keys=False)
   finally:
     progress.close()
+  if diverged:
+    raise NonFiniteLoss('\n'.join(diverged))
   return last_evaluation

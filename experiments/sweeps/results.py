@@ -31,12 +31,13 @@ def baseline_of(name: str):
   return None
 
 
-def error_line(lines: list[str]) -> str:
-  """The line of a failed run's output that says why: our one-line 'error:', else the last line of
-  a traceback (the exception), else the last line."""
+def error_line(lines: list[str], about: str = '') -> str:
+  """The line of a failed run's output that says why: our one-line 'error:' (the one naming `about`,
+  a run's workdir, when several do), else the last line of a traceback (the exception), else the last."""
   lines = [line.strip() for line in lines if line.strip()]
-  return next((l for l in reversed(lines) if l.startswith('error:') or EXCEPTION_LINE.match(l)),
-              lines[-1] if lines else 'no output')
+  errors = [l for l in lines if l.startswith('error:') or EXCEPTION_LINE.match(l)]
+  naming = [l for l in errors if about and about in l]
+  return (naming or errors or lines or ['no output'])[-1]
 
 
 def run_name(variant: str, seed: int) -> str:

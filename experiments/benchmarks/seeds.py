@@ -1,0 +1,129 @@
+"""Seeds in one program against one seed alone: the training step of N replicas vectorised with
+jax.vmap (experiments/runs/replicas.py), as the trainer runs it, for each N and config.
+
+  python -m experiments.benchmark seeds [--configs=configs/algorithmic.py:copy,configs/shakespeare.py]
+                                        [--seeds=1,2,4,8] [--steps=20] [--warmup=3] [--json=seeds.json]
+
+Each (config, N) runs in its own subprocess. A timed step is what the trainer's loop does per step:
+build every replica's batch on the host, place it, step, and read the metrics back. "1 alone" is the
+plain unvectorised step that a single run uses. Reported: compile time, median step time (min-max),
+that time over one seed alone's, the time per seed-step, and the speed-up over training the N seeds
+one after another (N x one alone / N in one program); peak resident memory.
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from experiments.shared import cli
+
+_CONFIGS = flags.DEFINE_string('configs', 'configs/algorithmic.py:copy,configs/shakespeare.py',
+                               'Comma-separated config files (with :argument).')
+_SEEDS = flags.DEFINE_string('seeds', '1,2,4,8', 'Comma-separated replica counts; 1 is the run alone.')
+_STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per row.')
+_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps after compilation.')
+_JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file.')
+_ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "config|seeds", and print its JSON.')
+
+
+def run_row(config_argument: str, count: int) -> dict:
+  # pylint: disable=g-import-not-at-top
+  import dataclasses
+  import functools
+  import jax
+  import transformer
+  from experiments.runs import steps
+  from experiments.runs.parallel import Placement
+  from experiments.runs.replicas import Replicas
+  from experiments.runs.settings import from_config_dict
+  from experiments.tasks import TASKS
+  config = cli.load_config_file(config_argument)
+  experiment = from_config_dict(config, jax.device_count())
+  replicas = Replicas(range(experiment.seed, experiment.seed + count))
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  placement = Placement(experiment.parallel, batch_axis=replicas.batch_axis)
+  host_states = [jax.device_get(steps.create_train_state(dataclasses.replace(experiment, seed=seed), model, task))
+                 for seed in replicas.seeds]
+  state = placement.put_state(replicas.join(host_states))
+  train_step = placement.compile_train_step(replicas.train_step(functools.partial(
+      steps.train_step, model=model, task=task, experiment=experiment)))
+  seed_argument = replicas.seed_argument()
+  batch_size = experiment.train.batch_size
+
+  def one_step(state, step):
+    batches = [task.batch(seed, step, 'train', batch_size) for seed in replicas.seeds]
+    state, metrics = train_step(state, placement.put_batch(replicas.join(batches)), seed_argument)
+    replicas.split(placement.to_host(metrics))
+    return state
+
+  started = time.perf_counter()
+  state = one_step(state, 0)
+  compile_seconds = time.perf_counter() - started
+  for step in range(1, 1 + _WARMUP.value):
+    state = one_step(state, step)
+  times = []
+  for step in range(1 + _WARMUP.value, 1 + _WARMUP.value + _STEPS.value):
+    started = time.perf_counter()
+    state = one_step(state, step)
+    times.append(time.perf_counter() - started)
+  parameters = sum(x.size for x in jax.tree_util.tree_leaves(host_states[0].params))
+  return dict(config=config_argument, seeds=count, compile_s=compile_seconds, step_ms=1e3 * statistics.median(times),
+              step_min_ms=1e3 * min(times), step_max_ms=1e3 * max(times), parameters=parameters,
+              batch_size=batch_size, length=experiment.task.max_length,
+              peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, devices=jax.device_count(),
+              backend=jax.default_backend())
+
+
+def main(argv):
+  del argv
+  if _ROW.value:
+    config_argument, count = _ROW.value.rsplit('|', 1)
+    print('ROW ' + json.dumps(run_row(config_argument, int(count))))
+    return
+  try:
+    counts = [int(c) for c in _SEEDS.value.split(',') if c.strip()]
+  except ValueError:
+    cli.fail(f'--seeds: got {_SEEDS.value!r}; valid: comma-separated positive integers, e.g. 1,2,4,8')
+  if not counts or min(counts) < 1:
+    cli.fail(f'--seeds: got {_SEEDS.value!r}; valid: comma-separated positive integers, e.g. 1,2,4,8')
+  configs = [c.strip() for c in _CONFIGS.value.split(',') if c.strip()]
+  for config_argument in configs:
+    cli.load_config_file(config_argument)  # a bad file is named before anything runs
+  if 1 not in counts:
+    counts = [1] + counts  # the baseline every ratio divides by
+  rows = []
+  for config_argument in configs:
+    for count in counts:
+      command = [sys.executable, '-m', 'experiments.benchmark', 'seeds', f'--row={config_argument}|{count}',
+                 f'--steps={_STEPS.value}', f'--warmup={_WARMUP.value}']
+      completed = subprocess.run(command, capture_output=True, text=True, check=False,
+                                 env=dict(os.environ, PYTHONPATH=os.getcwd()))
+      found = [l for l in completed.stdout.splitlines() if l.startswith('ROW ')]
+      if completed.returncode != 0 or not found:
+        cli.fail(f'{config_argument} with {count} seeds: exit code {completed.returncode}: '
+                 f'{(completed.stderr.strip().splitlines() or ["no output"])[-1]}')
+      rows.append(json.loads(found[0][4:]))
+      print(f'{config_argument} x{count}: {rows[-1]["step_ms"]:.1f} ms', file=sys.stderr, flush=True)
+  print(table(rows))
+  if _JSON.value:
+    with open(_JSON.value, 'w') as file:
+      json.dump(rows, file, indent=1)
+
+
+def table(rows: list[dict]) -> str:
+  lines = ['| config | seeds | compile s | step ms (min-max) | x one alone | ms per seed-step | speed-up over '
+           'one after another | peak RSS MiB |', '|---|---|---|---|---|---|---|---|']
+  alone = {row['config']: row['step_ms'] for row in rows if row['seeds'] == 1}
+  for row in rows:
+    ratio = row['step_ms'] / alone[row['config']]
+    lines.append(f'| {row["config"]} | {row["seeds"]} | {row["compile_s"]:.1f} | {row["step_ms"]:.1f} '
+                 f'({row["step_min_ms"]:.1f}-{row["step_max_ms"]:.1f}) | {ratio:.2f} | '
+                 f'{row["step_ms"] / row["seeds"]:.1f} | {row["seeds"] / ratio:.2f} | {row["peak_rss_mib"]:.0f} |')
+  return '\n'.join(lines)
