@@ -130,3 +130,52 @@ def test_the_array_script_runs_line_i_plus_1_for_task_i(tmp_path):
     run = subprocess.run(['bash', str(script)], env=dict(os.environ, SLURM_ARRAY_TASK_ID=str(task)),
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.splitlines()[-1] == expected, run.stderr
+
+
+@pytest.fixture(scope='module')
+def slurm_cluster(tmp_path_factory):
+  """A real single-node SLURM (tests/slurm_cluster.py), or a skip saying in one line why there is none."""
+  from tests import slurm_cluster as cluster_module  # pylint: disable=g-import-not-at-top
+  cluster = cluster_module.Cluster(str(tmp_path_factory.mktemp('slurm')))
+  try:
+    environment = cluster.start()
+  except cluster_module.ClusterUnavailable as error:
+    pytest.skip(f'no SLURM here: {error}')
+  yield dict(environment, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
+             PYTHONPATH=str(ROOT))
+  cluster.stop()
+
+
+def _wait_for_job(job: str, environment: dict, timeout: float = 600) -> None:
+  """Polls squeue until the job has left the queue."""
+  import time  # pylint: disable=g-import-not-at-top
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    queued = subprocess.run(['squeue', '--noheader', f'--jobs={job}', '--format=%i %T'], env=environment,
+                            capture_output=True, text=True, check=False)
+    if queued.returncode == 0 and not queued.stdout.strip():
+      return
+    time.sleep(1)
+  raise TimeoutError(f'SLURM job {job} still queued after {timeout} s')
+
+
+@pytest.mark.slow
+def test_a_real_slurm_cluster_runs_a_two_variant_sweep_and_compare_tabulates_it(tmp_path, slurm_cluster):
+  sweep = tmp_path / 'sweep'
+  submitted = subprocess.run(_compare(sweep, '--launcher=slurm', '--seeds=2'), cwd=ROOT, env=slurm_cluster,
+                             capture_output=True, text=True, timeout=300)
+  assert submitted.returncode == 0, submitted.stderr[-2000:]
+  job = json.loads((sweep / 'slurm' / 'submitted.jsonl').read_text())['job']
+  assert f'submitted SLURM job array {job}: 2 programs of 4 runs' in submitted.stderr  # a program per variant
+  _wait_for_job(job, slurm_cluster)
+  logs = {path.name: path.read_text() for path in (sweep / 'slurm').glob(f'{job}_*.log')}
+  assert sorted(logs) == [f'{job}_0.log', f'{job}_1.log'], logs
+  collected = subprocess.run(_compare(sweep, '--collect', '--seeds=2'), cwd=ROOT, env=slurm_cluster,
+                             capture_output=True, text=True, timeout=300)
+  assert collected.returncode == 0, collected.stderr[-2000:] + '\n'.join(logs.values())[-3000:]
+  table = (sweep / 'results.md').read_text()
+  for name in ('none', 'alibi'):
+    row = next(line for line in table.split('### sequence_accuracy')[0].splitlines() if line.startswith(f'| {name} |'))
+    assert row.endswith('| 2 |')  # both seeds of the variant, trained on the cluster
+    for seed in (0, 1):
+      assert (sweep / f'{name}-seed{seed}' / 'summary.json').exists()
