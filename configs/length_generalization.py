@@ -10,6 +10,8 @@ Command (a sweep per task, then the ranking):
   python -m experiments.compare --config=configs/length_generalization.py:copy --positions=all --seeds=3 \
       --workdir=runs/lg-copy            (likewise reverse, addition, sort, parity)
   python -m experiments.rank --sweeps=runs/lg-copy,runs/lg-reverse,runs/lg-addition,runs/lg-sort,runs/lg-parity
+Their five variants are --positions=none,t5,alibi,rope,sinusoidal (their APE is the sinusoidal one);
+docs/results.md ranks those and the learned table.
 
 The score is sequence_accuracy: every answer token right under teacher forcing, which is greedy
 decoding's exact match (a greedy decoder that has been right so far sees exactly the teacher-forced

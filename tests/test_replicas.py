@@ -52,6 +52,7 @@ def test_each_replica_is_the_run_of_its_seed_alone(tmp_path):
   assert len(set(losses)) == 3  # three different runs, not one run three times
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_replicas_on_eight_devices_match_one_device(tmp_path, parallel):
   assert jax.device_count() == 8, 'conftest.py asks for 8 CPU devices'
@@ -97,6 +98,7 @@ def test_a_diverging_replica_stops_alone_and_the_others_finish(tmp_path, monkeyp
     assert all(np.isfinite(r['loss']) for r in read_metrics(str(healthy)))
 
 
+@pytest.mark.slow
 def test_a_replica_finished_beside_an_unfinished_one_is_left_as_it_is(tmp_path):
   """Killed between the two summaries: the restart evaluates the unfinished one again, touches the other."""
   workdirs = [tmp_path / 'seed0', tmp_path / 'seed1']

@@ -16,6 +16,9 @@ from experiments.shared.files import write_json_atomically, write_text_atomicall
 FAILURES_FILE = 'failures.json'
 EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
 MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'auc', 'mae', 'mse')
+METRIC_RANGE = {'token_accuracy': (0.0, 1.0), 'sequence_accuracy': (0.0, 1.0), 'accuracy': (0.0, 1.0),
+                'auc': (0.0, 1.0), 'bits_per_character': (0.0, math.inf), 'mae': (0.0, math.inf),
+                'mse': (0.0, math.inf)}
 HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'accuracy': True, 'auc': True,
                     'bits_per_character': False, 'mae': False, 'mse': False}
 
@@ -212,7 +215,8 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
 
 def plot(sweep: str, table: Table) -> list:
   """plot_<metric>.png: the metric against evaluation length, a line per variant, a band for the 95%
-  interval of its mean over seeds, the training length marked; training_curves.png: training loss against step."""
+  interval of its mean over seeds (cut to the metric's range: a t interval of accuracies over three
+  seeds can reach past 1; the tables give it whole), the training length marked; training_curves.png: training loss against step."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -229,8 +233,9 @@ def plot(sweep: str, table: Table) -> list:
       line, = axis.plot(xs, means, marker='o', label=variant)
       if all(len(v) > 1 for _, v in points):  # the 95% interval of the mean
         intervals = [mean_interval(v) for _, v in points]
-        axis.fill_between(xs, [m - h for m, h in intervals], [m + h for m, h in intervals], color=line.get_color(),
-                          alpha=0.2)
+        low, high = METRIC_RANGE.get(metric, (-math.inf, math.inf))  # drawn within what the metric can be
+        axis.fill_between(xs, [max(m - h, low) for m, h in intervals], [min(m + h, high) for m, h in intervals],
+                          color=line.get_color(), alpha=0.2)
     for index, (name, by_length) in enumerate(table.baselines.get(metric, {}).items()):
       xs = sorted(by_length)
       axis.plot(xs, [by_length[n] for n in xs], linestyle=(0, (1, 1 + index)), color='grey',
