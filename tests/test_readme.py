@@ -33,11 +33,20 @@ def test_ci_runs_the_readme_test_command():
   assert command in (ROOT / '.ci' / 'run').read_text()
 
 
-def test_links_between_the_docs_point_at_files_that_exist():
+def heading_anchors(text: str) -> set:
+  """The anchors GitHub gives a markdown file's headings: lower case, punctuation dropped, spaces as -."""
+  return {re.sub(r'[^\w\- ]', '', heading.strip().lower()).replace(' ', '-')
+          for heading in re.findall(r'^#+ (.*)$', text, re.M)}
+
+
+def test_links_between_the_docs_point_at_files_and_headings_that_exist():
   for path in [ROOT / 'README.md', ROOT / 'BENCHMARKS.md'] + sorted((ROOT / 'docs').glob('*.md')):
-    for target in re.findall(r'\]\(([^)#\s]+)(?:#[^)]*)?\)', path.read_text()):
+    for target, anchor in re.findall(r'\]\(([^)#\s]+)(?:#([^)]*))?\)', path.read_text()):
       if not target.startswith('http'):
         assert (path.parent / target).exists(), f'{path.name} links to {target}, which does not exist'
+        if anchor and target.endswith('.md'):
+          assert anchor in heading_anchors((path.parent / target).read_text()), \
+              f'{path.name} links to {target}#{anchor}, a heading {target} does not have'
 
 
 CHECK_COMMAND = '''
