@@ -1,5 +1,8 @@
 """Shared test helpers: tiny models, inputs, and a handle on a stack's embedded input."""
 
+import os
+import pathlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -67,3 +70,12 @@ def smoke_experiment(**overrides):
   from configs import smoke  # pylint: disable=g-import-not-at-top
   from experiments.runs import settings  # pylint: disable=g-import-not-at-top
   return settings.from_config_dict(with_overrides(smoke.get_config(), overrides), jax.device_count())
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def subprocess_environment(devices: int = 1) -> dict:
+  """The environment of a command a test starts: CPU only, `devices` XLA host devices, this checkout first."""
+  return dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}', JAX_PLATFORMS='cpu',
+              PYTHONPATH=str(ROOT))

@@ -13,15 +13,12 @@ import pytest
 
 from experiments.runs.metrics import read_metrics, without_wall_clock
 
+from tests.helpers import subprocess_environment
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _environment(devices: int = 1) -> dict:
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
-  env['JAX_PLATFORMS'] = 'cpu'
-  env['PYTHONPATH'] = str(ROOT)
-  return env
+_environment = subprocess_environment
 
 
 def _command(workdir, *overrides, config='configs/smoke.py'):

@@ -14,12 +14,12 @@ import pytest
 from experiments.sweeps import results
 from experiments.sweeps.results import error_line
 
+from tests.helpers import subprocess_environment
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def _environment() -> dict:
-  return dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
-              PYTHONPATH=str(ROOT))
+_environment = subprocess_environment
 
 
 def _compare(workdir, *extra):

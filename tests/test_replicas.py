@@ -17,7 +17,7 @@ from experiments.runs import run_record, settings, trainer
 from experiments.runs.metrics import read_metrics, without_wall_clock
 from experiments.sweeps.programs import programs
 from experiments.tasks.algorithmic import Copy
-from tests.helpers import smoke_experiment
+from tests.helpers import smoke_experiment, subprocess_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DROPOUT = {'model.dropout_rate': 0.1, 'train.log_every': 1}  # dropout: each replica's own stream is exercised
@@ -157,9 +157,7 @@ def test_compare_groups_consecutive_seeds_that_resume_from_one_step(tmp_path):
   assert programs('none', seeds, str(tmp_path), together=False) == [[s] for s in seeds]
 
 
-def _environment():
-  return dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
-              PYTHONPATH=str(ROOT))
+_environment = subprocess_environment
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from experiments.runs import checkpoints, settings, trainer
 from experiments.runs.checkpoints import CheckpointMismatch
 from experiments.data import shakespeare as shakespeare_data
 from experiments.runs.metrics import MetricsDamaged, read_metrics, without_wall_clock
-from tests.helpers import smoke_experiment
+from tests.helpers import smoke_experiment, subprocess_environment
 from experiments.tasks.algorithmic import Copy
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -278,9 +278,7 @@ def test_an_inf_in_a_batch_stops_the_run_naming_the_step_and_keeps_the_good_chec
   assert not (tmp_path / 'summary.json').exists()
 
 
-def _environment():
-  return dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=1', JAX_PLATFORMS='cpu',
-              PYTHONPATH=str(ROOT))
+_environment = subprocess_environment
 
 
 def _command(workdir, *extra):
