@@ -42,17 +42,10 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls'), the last valid position ('last') or the mean ('mean')
 
   config.model.position = ml_collections.ConfigDict()
-  config.model.position.kind = 'sinusoidal'  # none, sinusoidal, learned, shaw, t5, tupe_a, tupe_r, rope, alibi
-  config.model.position.max_length = 256     # learned: table rows; must cover every evaluated length
-  config.model.position.sinusoidal_base = 10000.0  # sinusoidal (and TUPE's table): wavelength base
-  config.model.position.rope_base = 10000.0  # rope: theta_i = base^(-2i/d)
-  config.model.position.clip_distance = 16   # shaw: relative distances clipped to [-k, k]
-  config.model.position.per_head = False     # shaw: one table per head
-  config.model.position.num_buckets = 32     # t5, tupe_r: relative buckets
-  config.model.position.max_distance = 128   # t5, tupe_r: distance of the last bucket
-  config.model.position.shared_across_layers = True  # t5, tupe_r: one bias for all layers
-  config.model.position.absolute_table = 'sinusoidal'  # tupe: 'sinusoidal' or 'learned' p_i
-  config.model.position.cls_reset = True     # tupe: reset the [CLS] row/column (encoder-only)
+  config.model.position.kind = 'sinusoidal'  # a variant of transformer.positions.VARIANTS (README's table)
+  config.model.position.max_length = 256     # learned tables' rows (learned, tupe with a learned table)
+  # Every other setting of a variant has its default in the variant's file (transformer/positions/) and is
+  # set as --config.model.position.FIELD=VALUE; a run reads and records only its own variant's settings.
 
   config.train = ml_collections.ConfigDict()
   config.train.steps = 2000            # optimisation steps

@@ -97,8 +97,7 @@ def main(argv):
   length = batch['inputs'].shape[1]
   positions = jnp.arange(length)[None]
   position_params = _decoder_params(params, kind).get('position')
-  variant = transformer.VARIANTS[config.position.kind]
-  hooks = variant.stack(config=config.position, num_heads=config.num_heads, head_dim=config.head_dim,
+  hooks = config.position.variant.stack(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
                         model_dim=config.model_dim, num_layers=1, causal=kind != 'encoder_only')
   shared = hooks.apply({'params': position_params or {}}, positions, positions, method='shared')
   terms = [t for t in (shared if isinstance(shared, tuple) else (shared,)) if t is not None]

@@ -40,14 +40,13 @@ import sys
 import time
 
 from absl import flags, logging
-from ml_collections import config_flags
 
 from experiments.shared import cli, signals
 from experiments.sweeps import results, slurm
 from experiments.sweeps.programs import programs
 from experiments.runs import run_record
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file.', lock_config=True)
+_CONFIG = cli.define_config_flag('Experiment config file.')
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per variant: 0 .. seeds-1.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')

@@ -20,12 +20,10 @@ STOP.install()
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
 from experiments.shared import cli
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Experiment config file (configs/<name>.py).',
-                                          lock_config=True)
+_CONFIG = cli.define_config_flag('Experiment config file (configs/<name>.py).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for config.json, metrics, checkpoints.')
 _SEEDS = flags.DEFINE_integer('seeds', 1, 'Train seeds config.seed .. config.seed + seeds - 1 in one program; '
                               'with more than one, --workdir holds {seed}.')

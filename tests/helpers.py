@@ -15,6 +15,11 @@ def tiny(kind: str = 'sinusoidal', **changes) -> T.ModelConfig:
   return T.tiny_preset(T.PositionConfig(kind=kind, **position_changes), **changes)
 
 
+def own_settings(kind: str, **fields) -> dict:
+  """The fields that are settings of `kind` (a test giving every variant the same small sizes)."""
+  return {name: value for name, value in fields.items() if name in T.VARIANTS[kind].setting_names()}
+
+
 def tokens(batch: int, length: int, vocab: int = 32, seed: int = 0):
   return jax.random.randint(jax.random.PRNGKey(seed), (batch, length), 1, vocab)
 

@@ -162,11 +162,12 @@ def test_the_peer_is_our_model_but_for_the_differences_it_lists():
   import jax  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
   from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
+  from tests.helpers import own_settings  # pylint: disable=g-import-not-at-top
   width, layers, heads, hidden, vocabulary = 32, 2, 2, 64, 64
   for variant in peer.PEER_VARIANTS:
     config = transformer.ModelConfig(
         vocab_size=vocabulary, model_dim=width, num_heads=heads, feed_forward_dim=hidden, num_decoder_layers=layers,
-        num_encoder_layers=0, norm='pre', position=transformer.PositionConfig(kind=variant, max_length=512))
+        num_encoder_layers=0, norm='pre', position=transformer.PositionConfig(variant, **own_settings(variant, max_length=512)))
     ours = transformer.DecoderOnly(config).init(jax.random.PRNGKey(0), jax.numpy.ones((1, 8), jax.numpy.int32))
     theirs = peer.build_peer_model(variant, 512, fused=False, vocab_size=vocabulary, model_dim=width,
                                    num_layers=layers, num_heads=heads, feed_forward_dim=hidden)

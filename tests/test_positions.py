@@ -12,13 +12,13 @@ import pytest
 
 import transformer as T
 from tests import naive_positions as naive
-from tests.helpers import assert_causal, init, tiny, tokens
+from tests.helpers import assert_causal, init, own_settings, tiny, tokens
 from transformer.positions import base as position_base
 
 ALL = sorted(T.VARIANTS)
 RELATIVE = ['shaw', 't5', 'alibi', 'rope']
 BIAS_ONLY = ['t5', 'alibi']
-EXTRAPOLATING = [k for k in ALL if T.VARIANTS[k].extrapolates]
+EXTRAPOLATING = [k for k in ALL if T.VARIANTS[k].settings().longest_sequence() is None]
 B, L, D, H = 2, 5, 16, 4
 
 
@@ -30,8 +30,8 @@ class OneAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, offset: int = 0):
-    variant = T.VARIANTS[self.config.position.kind]
-    fields = dict(config=self.config.position, num_heads=self.config.num_heads, head_dim=self.config.head_dim,
+    variant = self.config.position.variant
+    fields = dict(config=self.config.position.settings, num_heads=self.config.num_heads, head_dim=self.config.head_dim,
                   model_dim=self.config.model_dim, num_layers=1, causal=self.causal, has_cls=self.has_cls)
     stack = variant.stack(**fields, name='stack')
     layer = variant.layer(**fields, name='layer')
@@ -44,9 +44,12 @@ class OneAttention(nn.Module):
         shared=shared)
 
 
+SMALL_SETTINGS = dict(max_length=64, clip_distance=2, num_buckets=8, max_distance=6)  # where a variant has them
+
+
 def _config(kind, **position):
-  return T.tiny_preset(T.PositionConfig(kind=kind, max_length=64, clip_distance=2, num_buckets=8,
-                                        max_distance=6, **position), model_dim=D, num_heads=H)
+  small = own_settings(kind, **SMALL_SETTINGS)
+  return T.tiny_preset(T.PositionConfig(kind, **dict(small, **position)), model_dim=D, num_heads=H)
 
 
 def _randomise(params, seed=1):
@@ -75,7 +78,7 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
 def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
   module, params, x, config = _run(kind, causal, has_cls, **position)
   ours = module.apply(params, x)
-  reference = naive.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position)
+  reference = naive.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position.settings)
   np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=1e-5)
 
 
@@ -186,16 +189,16 @@ def test_tupe_cls_reset_makes_cls_row_and_column_constant_per_head():
 
 def test_tupe_scales_content_logits_by_one_over_sqrt_2d():
   config = _config('tupe_a')
-  layer = T.positions.TupeLayer(config.position, H, D // H, D, 1, causal=False)
+  layer = T.positions.TupeLayer(config.position.settings, H, D // H, D, 1, causal=False)
   assert layer.scale() == pytest.approx(1 / math.sqrt(2 * (D // H)))
-  assert T.positions.LayerPositions(config.position, H, D // H, D, 1, causal=False).scale() is None
+  assert T.positions.LayerPositions(config.position.settings, H, D // H, D, 1, causal=False).scale() is None
   module, params, x, _ = _run('tupe_a', causal=False)
   _, state = module.apply(params, x, mutable=['intermediates'])
   weights = state['intermediates']['attention']['attention_weights'][0]
   p = params['params']['attention']
   q = (x @ p['query']['kernel'] + p['query']['bias']).reshape(B, L, H, D // H)
   k = (x @ p['key']['kernel'] + p['key']['bias']).reshape(B, L, H, D // H)
-  stack = T.positions.TupeStack(config.position, H, D // H, D, 1, causal=False)
+  stack = T.positions.TupeStack(config.position.settings, H, D // H, D, 1, causal=False)
   positional = stack.apply({'params': params['params']['stack']}, jnp.arange(L)[None], jnp.arange(L)[None],
                            method='shared')
   expected = jax.nn.softmax(jnp.einsum('bqhk,bshk->bhqs', q, k) / math.sqrt(2 * (D // H)) + positional)
@@ -263,7 +266,7 @@ def test_decoder_only_stays_causal(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize('kind', EXTRAPOLATING)
 def test_model_built_for_64_runs_at_256(kind):
-  config = tiny(kind, position={'max_length': 64})
+  config = tiny(kind, position=own_settings(kind, max_length=64))
   for model, make_args in [(T.DecoderOnly(config), lambda n: (tokens(1, n),)),
                            (T.EncoderDecoder(config), lambda n: (tokens(1, n), tokens(1, n))),
                            (T.EncoderOnly(config), lambda n: (tokens(1, n),))]:
@@ -279,7 +282,7 @@ def test_learned_raises_beyond_its_table_naming_both_lengths_and_the_field(kind,
   params = init(model, tokens(1, 64))
   with pytest.raises(ValueError, match=r'length 256 .* \(64 rows\).*model\.position\.max_length'):
     jax.jit(model.apply)(params, tokens(1, 256))
-  assert not T.VARIANTS['learned'].extrapolates
+  assert config.position.settings.longest_sequence() == 64
 
 
 @pytest.mark.parametrize('kind', ALL)
@@ -312,3 +315,11 @@ def test_every_variant_is_documented_in_the_readme_with_its_paper():
     assert issubclass(variant.stack, position_base.StackPositions)
     assert issubclass(variant.layer, position_base.LayerPositions)
     assert rows[kind].strip().split(' (')[0] == variant.paper.split(' (')[0], (kind, rows[kind], variant.paper)
+
+
+def test_the_readme_lists_every_variants_settings():
+  """The README's list of settings is the one VARIANTS declares, variant by variant."""
+  readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text().splitlines()
+  for kind, variant in T.VARIANTS.items():
+    names = ', '.join(f'`{name}`' for name in variant.setting_names()) or 'none'
+    assert f'- `{kind}`: {names}' in readme, kind

@@ -32,7 +32,10 @@ BAD_COMMAND_LINES = [  # (arguments after --workdir, what the one line must say)
                                   'fields of train: batch_size,'),
     (['--config.train.steps=many'], "--config.train.steps=many: invalid literal for int()"),
     (['--config.train.learning_rate=fast'], '--config.train.learning_rate=fast'),
-    (['--config.model.position.per_head=maybe'], '--config.model.position.per_head=maybe'),
+    (['--config.model.position.per_head=maybe'],  # a variant's setting: not in the config file, typed by its variant
+     "model.position.per_head: got 'maybe' of type str; valid: a value of type bool"),
+    (['--config.model.position.kind=rope', '--config.model.position.rope_base=tiny'],
+     "model.position.rope_base: got 'tiny' of type str; valid: a value of type float"),
     (['--config.seed=1.5'], '--config.seed=1.5: invalid literal for int()'),
     (['--config.model.num_heads=3'], 'model.num_heads: got 3; valid: a divisor of model_dim=32'),  # tests/test_settings.py has the rest
     (['--config.train.gradient_clip=nan'], 'train.gradient_clip: got nan; valid: a finite number'),

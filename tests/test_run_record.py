@@ -40,7 +40,9 @@ def test_resuming_with_another_configuration_is_refused_naming_every_field_and_w
   with pytest.raises(run_record.RunMismatch) as raised:
     trainer.run(smoke_experiment(seed=7, **{'model.position.kind': 'rope', 'task.name': 'reverse'}), str(tmp_path))
   fields = [line.split(':')[0] for line in raised.value.lines]
-  assert fields == ['model.position.kind', 'seed', 'task.name']
+  # sinusoidal's setting goes, rope's comes: each run records its own variant's settings
+  assert fields == ['model.position.kind', 'model.position.rope_base', 'model.position.sinusoidal_base', 'seed',
+                    'task.name']
   assert raised.value.lines[0].startswith(f"model.position.kind: the run in {tmp_path} has 'sinusoidal', this "
                                           f"command asks for 'rope' (this field may not change in a run)")
   assert _fingerprint(tmp_path) == before

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+import transformer
 from configs import base, smoke
 from experiments.runs import settings
 from tests.helpers import with_overrides
@@ -30,15 +31,25 @@ BAD_VALUES = [  # (overrides on configs/smoke.py, what the one line must say); 8
     ({'train.label_smoothing': 1.0}, 'train.label_smoothing: got 1.0; valid: a number in [0, 1)'),
     ({'train.schedule': 'cosine'}, "train.schedule: got 'cosine'; valid: warmup_rsqrt"),
     ({'task.min_length': 10}, 'task.min_length: got 10; valid: at most task.max_length=6'),
-    ({'model.position.num_buckets': 7}, 'model.position.num_buckets: got 7; valid: an even number'),
-    ({'model.position.rope_base': 0.5}, 'model.position.rope_base: got 0.5; valid: a number > 1'),
+    ({'model.position.kind': 't5', 'model.position.num_buckets': 7},
+     'model.position.num_buckets: got 7; valid: a positive even number'),
+    ({'model.position.kind': 'rope', 'model.position.rope_base': 0.5},
+     'model.position.rope_base: got 0.5; valid: a number > 1'),
+    ({'model.position.rope_bass': 2.0}, 'model.position.rope_bass: unknown field; valid fields of model.position: '
+                                        'kind, absolute_table'),
+    ({'model.position.kind': 'rope', 'model.num_heads': 8, 'model.model_dim': 24},
+     'model.model_dim: got 24; valid: model_dim / num_heads even (now 3)'),
+    # T5's log-spaced buckets start at num_buckets / 2 (causal): a max_distance at or below it has none.
+    ({'model.position.kind': 't5', 'model.position.num_buckets': 32, 'model.position.max_distance': 16},
+     'model.position.max_distance: got 16; valid: more than num_buckets / 2 = 16 in causal attention'),
     # Numbers that comparisons of the form `value <= 0` let through.
     ({'train.gradient_clip': math.nan}, 'train.gradient_clip: got nan; valid: a finite number'),
     ({'train.learning_rate': math.nan}, 'train.learning_rate: got nan; valid: a finite number'),
     ({'train.learning_rate': math.inf}, 'train.learning_rate: got inf; valid: a finite number'),
     ({'train.weight_decay': -math.inf}, 'train.weight_decay: got -inf; valid: a finite number'),
     ({'model.dropout_rate': math.nan}, 'model.dropout_rate: got nan; valid: a finite number'),
-    ({'model.position.rope_base': math.inf}, 'model.position.rope_base: got inf; valid: a finite number'),
+    ({'model.position.kind': 'rope', 'model.position.rope_base': math.inf},
+     'model.position.rope_base: got inf; valid: a finite number'),
     ({'train.gradient_clip': -1.0}, 'train.gradient_clip: got -1.0; valid: a positive global norm, or 0 for no'),
     ({'train.beta1': 1.5}, 'train.beta1: got 1.5; valid: a number in [0, 1)'),
     ({'train.beta1': 1.0}, 'train.beta1: got 1.0; valid: a number in [0, 1)'),
@@ -74,7 +85,41 @@ def test_every_float_field_of_the_base_config_refuses_nan():
       elif isinstance(value, float):
         yield prefix + name
   names = list(floats(base.get_base_config()))
-  assert len(names) >= 10, names
+  assert len(names) >= 8, names
   for name in names:
     with pytest.raises(settings.ConfigError, match=f'^{name.replace(".", "[.]")}: got nan; valid: a finite number'):
       settings.from_config_dict(with_overrides(smoke.get_config(), {name: math.nan}), 8)
+
+
+@pytest.mark.parametrize('kind', sorted(transformer.VARIANTS))
+def test_every_float_setting_of_every_variant_refuses_nan(kind):
+  variant = transformer.VARIANTS[kind]
+  defaults = variant.settings()
+  for name in variant.setting_names():
+    if isinstance(getattr(defaults, name), float):
+      overrides = {'model.position.kind': kind, f'model.position.{name}': math.nan}
+      with pytest.raises(settings.ConfigError, match=f'^model[.]position[.]{name}: got nan; valid: a finite number'):
+        settings.from_config_dict(with_overrides(smoke.get_config(), overrides), 8)
+
+
+def test_a_run_reads_and_records_only_its_own_variants_settings():
+  """Another variant's setting in the config is not this run's: left out of its record, not refused."""
+  overrides = {'model.position.kind': 'shaw', 'model.position.rope_base': 500.0, 'model.position.clip_distance': 3}
+  experiment = settings.from_config_dict(with_overrides(smoke.get_config(), overrides), 8)
+  assert settings.to_dict(experiment)['model']['position'] == {'kind': 'shaw', 'clip_distance': 3, 'per_head': False}
+
+
+def test_t5_buckets_are_checked_for_the_attention_the_model_has():
+  """16 buckets: causal attention's log-spaced buckets start at distance 8, so max_distance 6 has
+  none (refused); an encoder's start at 4 (accepted there, refused at 4)."""
+  overrides = {'model.position.kind': 't5', 'model.position.num_buckets': 16, 'model.position.max_distance': 6}
+  with pytest.raises(settings.ConfigError, match=r'model.position.max_distance: got 6; valid: more than '
+                                                 r'num_buckets / 2 = 8 in causal attention .*decoder_only'):
+    settings.from_config_dict(with_overrides(smoke.get_config(), overrides), 8)
+  t5 = transformer.positions.t5.T5Settings(num_buckets=16, max_distance=6)
+  t5.check_attention(num_heads=4, head_dim=8, causal=False)
+  with pytest.raises(ValueError, match='position.max_distance: got 4; valid: more than num_buckets / 4 = 4 in '
+                                       'bidirectional attention'):
+    transformer.positions.t5.T5Settings(num_buckets=16, max_distance=4).check_attention(4, 8, causal=False)
+  with pytest.raises(ValueError, match='position.num_buckets: got 2; valid: at least 4 in bidirectional'):
+    transformer.positions.t5.T5Settings(num_buckets=2, max_distance=8).check_attention(4, 8, causal=False)

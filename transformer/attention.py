@@ -222,14 +222,15 @@ class MultiHeadAttention(nn.Module):
     if causal and positions is not None and positions.causal_band() is not None and (
         _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk)):
       # Terms on the band next to each query block only; the keys before it go in without any.
-      band = positions.causal_band()
-      value = value + positions.value_offset().astype(value.dtype)
+      causal_band = positions.causal_band()
+      band = causal_band.width
+      value = value + causal_band.value_offset().astype(value.dtype)
 
       def logits_term(query_block, q_slice, k_slice):
-        return positions.band_logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice], scale)
+        return causal_band.logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice], scale)
 
       def values_term(weights_block, q_slice, k_slice):
-        return positions.band_values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
+        return causal_band.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
     elif positions is not None:
       shared_block = shared_by_query_block(shared, query.shape[1], self.block_size)
 

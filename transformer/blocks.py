@@ -15,12 +15,12 @@ from transformer.attention import MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.layers import Dropout, FeedForward, LayerNorm
 from transformer.masks import causal_mask, cross_attention_mask, self_attention_mask
-from transformer.positions import VARIANTS
 from transformer.positions.base import Shared
 
 
 def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool) -> dict:
-  return dict(config=config.position, num_heads=config.num_heads, head_dim=config.head_dim,
+  config.position.settings.check_attention(config.num_heads, config.head_dim, causal)
+  return dict(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
               model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls)
 
 
@@ -59,7 +59,7 @@ class TransformerLayer(nn.Module):
     key_positions_1xT = positions_1xL if key_positions_1xT is None else key_positions_1xT
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
-    hooks = VARIANTS[config.position.kind].layer(
+    hooks = config.position.variant.layer(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, name='self_attention')
@@ -70,7 +70,7 @@ class TransformerLayer(nn.Module):
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                  config.attention_key_block_size, name='cross_attention')
-      cross_hooks = VARIANTS[config.position.kind].layer(
+      cross_hooks = config.position.variant.layer(
           **_hook_fields(config, self.num_layers, self.causal, self.has_cls),
           name='cross_position') if config.aligned_cross_attention else None
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
@@ -122,7 +122,7 @@ class TransformerStack(nn.Module):
         positions_1xL = cache_index + positions_1xL  # traced: the hooks take their gathering paths
         key_positions_1xT = np.arange(slots.value.shape[1], dtype=np.int32)[None]
         next_index.value = cache_index + length
-    hooks = VARIANTS[config.position.kind].stack(
+    hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = hooks.embed(x_BxLxD, positions_1xL).astype(config.dtype)  # a float32 table would promote
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)

@@ -5,45 +5,41 @@ from typing import Optional
 
 import jax.numpy as jnp
 
+from transformer.positions import VARIANTS
+from transformer.positions.base import Settings, Variant, require
+
 ARCHITECTURES = ('transformer', 'lstm', 'rnn')
 NORMS = ('post', 'pre')
 POOLINGS = ('cls', 'mean', 'last')
 ACTIVATION_NAMES = ('relu', 'gelu')
-ABSOLUTE_TABLES = ('sinusoidal', 'learned')
 COMPUTE_DTYPES = ('float32', 'bfloat16')
 
-
-def _require(condition: bool, field: str, value, valid: str) -> None:
-  if not condition:
-    raise ValueError(f'{field}: got {value!r}; valid: {valid}')
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class PositionConfig:
-  """Which positional encoding, and the knobs of every variant (each reads only its own)."""
-  kind: str = 'sinusoidal'           # a key of transformer.positions.VARIANTS
-  max_length: int = 512              # learned: rows of the absolute table (and TUPE's, if learned)
-  sinusoidal_base: float = 10000.0   # sinusoidal / TUPE's sinusoidal table: wavelength base
-  rope_base: float = 10000.0         # rope: theta_i = base^(-2i/d)
-  clip_distance: int = 16            # shaw: k, relative distances clipped to [-k, k]
-  per_head: bool = False             # shaw: one a^K, a^V table per head instead of shared
-  num_buckets: int = 32              # t5 / tupe_r: relative-position buckets
-  max_distance: int = 128            # t5 / tupe_r: distance of the last (log-spaced) bucket
-  shared_across_layers: bool = True  # t5 / tupe_r: one bias for all layers, or one per layer
-  absolute_table: str = 'sinusoidal'  # tupe: p_i from a fixed sinusoidal or a learned table
-  cls_reset: bool = True             # tupe: reset the [CLS] row/column (encoders with a CLS token)
+  """Which positional encoding and its settings: the kind is resolved to its variant here, once.
 
-  def __post_init__(self):
-    for name in ('max_length', 'clip_distance', 'num_buckets', 'max_distance'):
-      _require(getattr(self, name) > 0, f'position.{name}', getattr(self, name), 'a positive integer')
-    for name in ('sinusoidal_base', 'rope_base'):
-      _require(getattr(self, name) > 1.0, f'position.{name}', getattr(self, name), 'a number > 1')
-    _require(self.num_buckets % 2 == 0, 'position.num_buckets', self.num_buckets,
-             'an even number (half the buckets for each direction in encoders)')
-    _require(self.absolute_table in ABSOLUTE_TABLES, 'position.absolute_table', self.absolute_table,
-             ', '.join(ABSOLUTE_TABLES))
-    from transformer.positions import VARIANTS  # pylint: disable=g-import-not-at-top
-    _require(self.kind in VARIANTS, 'position.kind', self.kind, ', '.join(sorted(VARIANTS)))
+    PositionConfig('rope', rope_base=500.0)   # the variant's own fields only; the rest its defaults
+  """
+  kind: str
+  settings: Settings  # an instance of VARIANTS[kind].settings
+
+  def __init__(self, kind: str = 'sinusoidal', **fields):
+    require(kind in VARIANTS, 'position.kind', kind, ', '.join(sorted(VARIANTS)))
+    variant = VARIANTS[kind]
+    names = variant.setting_names()
+    for name in fields:
+      require(name in names, f'position.{name}', fields[name],
+               f'not a setting of {kind}, whose settings are: {", ".join(names) or "(none)"}')
+    object.__setattr__(self, 'kind', kind)
+    object.__setattr__(self, 'settings', variant.settings(**fields))
+
+  @property
+  def variant(self) -> Variant:
+    return VARIANTS[self.kind]
+
+  def fields(self) -> dict:
+    """{'kind': ..., and every setting}: the flat form of model.position in configs and run records."""
+    return {'kind': self.kind, **dataclasses.asdict(self.settings)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,22 +75,19 @@ class ModelConfig:
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
-      _require(getattr(self, name) > 0, name, getattr(self, name), 'a positive integer')
+      require(getattr(self, name) > 0, name, getattr(self, name), 'a positive integer')
     for name in ('num_encoder_layers', 'num_decoder_layers', 'input_features', 'attention_block_size',
                  'attention_key_block_size'):
-      _require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
-    _require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
+      require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
+    require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
              f'a divisor of model_dim={self.model_dim}')
     for name in ('dropout_rate', 'attention_dropout_rate'):
-      _require(0.0 <= getattr(self, name) < 1.0, name, getattr(self, name), 'a rate in [0, 1)')
-    _require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))
-    _require(self.norm in NORMS, 'norm', self.norm, ', '.join(NORMS))
-    _require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
-    _require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))
-    _require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
-    if self.position.kind == 'rope':
-      _require(self.head_dim % 2 == 0, 'model_dim', self.model_dim,
-               'model_dim / num_heads even, since rope rotates pairs of dimensions')
+      require(0.0 <= getattr(self, name) < 1.0, name, getattr(self, name), 'a rate in [0, 1)')
+    require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))
+    require(self.norm in NORMS, 'norm', self.norm, ', '.join(NORMS))
+    require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
+    require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))
+    require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
 
   @property
   def dtype(self):

@@ -58,10 +58,15 @@ def run_row(variant: str, length: int) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
+  def _position(variant, length):
+    """The variant at its defaults, a learned table long enough for `length`."""
+    long_enough = {'max_length': max(length, 512)} if 'max_length' in transformer.VARIANTS[variant].setting_names() else {}
+    return transformer.PositionConfig(variant, **long_enough)
+
   config = transformer.ModelConfig(
       vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value,
       feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
-      norm='pre', position=transformer.PositionConfig(kind=variant, max_length=max(length, 512)),
+      norm='pre', position=_position(variant, length),
       compute_dtype=_DTYPE.value, remat=_REMAT.value, attention_block_size=_BLOCK.value,
       attention_key_block_size=_KEY_BLOCK.value)
   model = transformer.DecoderOnly(config)

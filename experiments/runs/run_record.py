@@ -86,6 +86,20 @@ def stored_config(workdir: str) -> Optional[dict]:
         if line.strip():
           for name, (_, new) in json.loads(line)['changes'].items():
             _set(config, name, new)
+  return _own_position_settings(config)
+
+
+def _own_position_settings(config: dict) -> dict:
+  """Records written before each variant had its own settings list every variant's fields under
+  model.position; a run's configuration is its kind and that variant's settings only."""
+  position = config.get('model', {}).get('position')
+  if not isinstance(position, dict) or 'kind' not in position:
+    return config
+  import transformer  # pylint: disable=g-import-not-at-top
+  variant = transformer.VARIANTS.get(position['kind'])
+  if variant is not None:
+    names = variant.setting_names()
+    config['model']['position'] = {n: v for n, v in position.items() if n == 'kind' or n in names}
   return config
 
 

@@ -19,6 +19,7 @@ from experiments.tasks.base import TaskSettings
 PARALLEL_MODES = ('pmap', 'mesh')
 OPTIMIZERS = ('adamw', 'adam')
 SCHEDULES = ('warmup_rsqrt', 'warmup_cosine', 'constant')
+CAUSAL_STACKS = {'decoder_only': (True,), 'encoder_decoder': (False, True), 'encoder_only': (False,)}
 MAX_SEED = 2**31 - 1  # seed and seed + 1 (the dropout stream) must both be distinct 32-bit PRNG seeds
 
 
@@ -81,11 +82,40 @@ def _section(config: ml_collections.ConfigDict, prefix: str, cls, skip=()) -> di
   values = {}
   for name in wanted:
     if name not in present:
-      if cls is transformer.ModelConfig or cls is transformer.PositionConfig:
+      if cls is transformer.ModelConfig:
         continue  # the library's default applies
       raise ConfigError(f'{prefix}{name}: missing; add it to configs/base.py')
     values[name] = _check_type(prefix + name, config[name], hints[name])
   return values
+
+
+def _position(config: ml_collections.ConfigDict) -> transformer.PositionConfig:
+  """model.position: its kind, resolved to a variant, and that variant's settings. Every field is
+  type-checked; one that is some other variant's setting is then left out (it is not this run's),
+  one that is no variant's fails."""
+  if 'kind' not in config:
+    raise ConfigError('model.position.kind: missing; valid: ' + ', '.join(transformer.VARIANTS))
+  kind = _check_type('model.position.kind', config.kind, str)
+  _one_of('model.position.kind', kind, sorted(transformer.VARIANTS))
+  every_setting = transformer.positions.setting_names()
+  unknown = sorted(set(config.keys()) - set(every_setting) - {'kind'})
+  if unknown:
+    raise ConfigError(f'model.position.{unknown[0]}: unknown field; valid fields of model.position: kind, '
+                      f'{", ".join(every_setting)}')
+  hints = {}
+  for variant in transformer.VARIANTS.values():
+    hints.update(typing.get_type_hints(variant.settings))
+  values = {name: _check_type(f'model.position.{name}', config[name], hints[name])
+            for name in sorted(config.keys()) if name != 'kind'}
+  own = transformer.VARIANTS[kind].setting_names()
+  return transformer.PositionConfig(kind, **{name: value for name, value in values.items() if name in own})
+
+
+def position_from_record(fields: dict) -> transformer.PositionConfig:
+  """A run record's model.position (kind and settings) as a PositionConfig. Records written before
+  each variant had its own settings list every variant's fields: only the kind's own are read."""
+  names = transformer.VARIANTS[fields['kind']].setting_names()
+  return transformer.PositionConfig(fields['kind'], **{n: v for n, v in fields.items() if n in names})
 
 
 def _positive(field: str, value, allow_zero: bool = False):
@@ -155,8 +185,7 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   if problem:
     raise ConfigError(problem)
   try:
-    position = transformer.PositionConfig(**_section(config.model.position, 'model.position.',
-                                                     transformer.PositionConfig))
+    position = _position(config.model.position)
     model_fields = _section(config.model, 'model.', transformer.ModelConfig,
                             skip=('position', 'vocab_size', 'num_outputs', 'input_features',
                                   'aligned_cross_attention'))
@@ -167,10 +196,17 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   except ValueError as error:  # the library names the field without the section
     raise ConfigError(f'model.{error}') from None
 
+  for causal in CAUSAL_STACKS[task.model_kind] if model.architecture == 'transformer' else ():
+    try:
+      position.settings.check_attention(model.num_heads, model.head_dim, causal)
+    except ValueError as error:
+      raise ConfigError(f'model.{error} (model.position.kind={position.kind}, {task.model_kind})') from None
   longest = max(task_object.sequence_length(n) for n in (task.max_length, *task.eval_lengths))
-  if position_table_length(model) is not None and longest > position.max_length:
-    raise ConfigError(f'model.position.max_length: got {position.max_length}; valid: at least {longest}, the longest '
-                      f'sequence of task.eval_lengths={task.eval_lengths} (learned positions cannot extrapolate)')
+  rows = position_table_length(model)
+  if rows is not None and longest > rows:
+    raise ConfigError(f'model.position.max_length: got {rows}; valid: at least {longest}, the longest '
+                      f'sequence of task.eval_lengths={task.eval_lengths} ({position.kind} positions cannot '
+                      f'extrapolate)')
   return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
 
 
@@ -185,10 +221,8 @@ def evaluation_width_cap(experiment: Experiment) -> Optional[int]:
 
 
 def position_table_length(model: transformer.ModelConfig) -> Optional[int]:
-  """The rows of a learned absolute table, when the variant has one: no sequence may be longer."""
-  position = model.position
-  learned = position.kind == 'learned' or (position.kind.startswith('tupe') and position.absolute_table == 'learned')
-  return position.max_length if learned else None
+  """The longest sequence the variant can represent (a learned table's rows), or None: any."""
+  return model.position.settings.longest_sequence()
 
 
 def check_workdir(workdir: str) -> None:
@@ -220,4 +254,7 @@ def seed_workdirs(workdir: str, first_seed: int, seeds: int) -> list[str]:
 
 
 def to_dict(experiment: Experiment) -> dict:
-  return dataclasses.asdict(experiment)
+  """The run record: every field, model.position flat (its kind and that variant's settings)."""
+  record = dataclasses.asdict(experiment)
+  record['model']['position'] = experiment.model.position.fields()
+  return record

@@ -61,18 +61,33 @@ def load_config_file(argument: str):
   return config
 
 
+def define_config_flag(help_string: str):
+  """--config=PATH[:ARG] with --config.FIELD=VALUE overrides. A variant's settings need not be in the
+  config file (configs name none of them): an override may add a field under model.position, and
+  check_override_fields has already refused any name that is no variant's setting."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  return config_flags.DEFINE_config_file('config', None, help_string, lock_config=False,
+                                         accept_new_attributes=True)
+
+
 def override_names(argv) -> list[str]:
   """The dotted fields of the --config.FIELD=VALUE (or --config.FIELD VALUE) arguments."""
   return [a[len(CONFIG_PREFIX):].split('=', 1)[0] for a in argv if a.startswith(CONFIG_PREFIX)]
 
 
 def check_override_fields(config, names) -> None:
-  """Every overridden field exists in the config (a misspelling fails, with the nearest name)."""
+  """Every overridden field exists in the config, or is a positional variant's setting under
+  model.position (a misspelling fails, with the nearest name)."""
   for name in names:
     section = config
     parts = name.split('.')
     for depth, part in enumerate(parts):
       keys = list(section.keys()) if hasattr(section, 'keys') else []
+      if parts[:depth] == ['model', 'position'] and depth == len(parts) - 1:
+        import transformer  # pylint: disable=g-import-not-at-top
+        keys = sorted(set(keys) | set(transformer.positions.setting_names()))
+        if part in keys:
+          break
       if part not in keys:
         where = '.'.join(parts[:depth]) or 'config'
         near = difflib.get_close_matches(part, keys, n=1)

@@ -12,7 +12,7 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.positions.base import LayerPositions, StackPositions, relative_positions
+from transformer.positions.base import LayerPositions, StackPositions, Variant, relative_positions
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -48,3 +48,6 @@ class AlibiLayer(LayerPositions):
 
   def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     return shared
+
+
+VARIANT = Variant(AlibiStack, AlibiLayer, 'Press et al. 2022')

@@ -17,6 +17,14 @@ variant, and never branches on the variant's name.
     needs_weights()              values() reads the attention weights, so     Shaw
                                  attention must materialise them
     scale()                      the logit scale (None: 1/sqrt(head_dim))    TUPE: 1/sqrt(2d)
+    causal_band()                an object whose terms blockwise causal      Shaw
+                                 attention may use on a band of keys only
+
+A variant is one file: its hooks, its `Settings` (a frozen dataclass whose fields are its knobs,
+`model.position.<field>` in the configs, each validated with the field, the value and what is
+valid), and one `Variant` that names them with the paper. `VARIANTS` in __init__.py lists them;
+`PositionConfig` (config.py) resolves a kind to its variant once and holds its settings, which the
+hooks receive as `config`.
 
 Positions are integer arrays of shape B x L (B may be 1, broadcast over the batch). Cross-attention
 gets no hooks, unless the model's source and target are aligned step by step
@@ -31,14 +39,38 @@ from typing import Any, Optional
 import chex
 import flax.linen as nn
 
-from transformer.config import PositionConfig
-
 Shared = Any  # whatever pytree a StackPositions.shared returns; None when there is nothing
+
+
+def require(condition: bool, field: str, value, valid: str) -> None:
+  """ValueError naming the field, the value it got and what would be valid, unless condition."""
+  if not condition:
+    raise ValueError(f'{field}: got {value!r}; valid: {valid}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """A variant's knobs: subclasses add fields (a default and a comment each) and override the
+  checks. This base has none, for variants without settings."""
+
+  def __post_init__(self):
+    self.check()
+
+  def check(self) -> None:
+    """Raise ValueError (require) for a field whose value the variant cannot use."""
+
+  def check_attention(self, num_heads: int, head_dim: int, causal: bool) -> None:
+    """Raise ValueError for an attention the variant cannot serve (head shape, bidirectional, ...)."""
+    del num_heads, head_dim, causal
+
+  def longest_sequence(self) -> Optional[int]:
+    """The longest sequence the variant can represent; None: any length (it extrapolates)."""
+    return None
 
 
 class StackPositions(nn.Module):
   """Stack-level hooks. The base class carries no position information (NoPE)."""
-  config: PositionConfig
+  config: Settings  # the variant's own settings
   num_heads: int
   head_dim: int
   model_dim: int
@@ -57,7 +89,7 @@ class StackPositions(nn.Module):
 
 class LayerPositions(nn.Module):
   """Per-self-attention-layer hooks. The base class leaves attention untouched."""
-  config: PositionConfig
+  config: Settings  # the variant's own settings
   num_heads: int
   head_dim: int
   model_dim: int
@@ -88,25 +120,11 @@ class LayerPositions(nn.Module):
     """True when values() reads the attention weights (which a fused attention never forms)."""
     return False
 
-  # The causal band: a variant whose terms, re-centred, vanish for keys more than k positions before
-  # the query lets causal blockwise attention fold those keys in without any term (Shaw).
-
-  def causal_band(self) -> Optional[int]:
-    """k when band_logits, band_values and value_offset may replace logits and values in causal
-    attention (queries and keys at the same, consecutive positions); None otherwise."""
+  def causal_band(self) -> Optional[Any]:
+    """None, or an object that lets causal blockwise attention add this layer's terms on a band of
+    keys next to each query block only (attributes width, logits, values, value_offset: Shaw's band
+    in shaw.py says what each means)."""
     return None
-
-  def band_logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, scale: float) -> chex.Array:
-    """The re-centred logits term, zero for keys more than causal_band() positions back."""
-    raise NotImplementedError(f'{type(self).__name__} has no causal band')
-
-  def band_values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk) -> chex.Array:
-    """The re-centred values term, zero for keys more than causal_band() positions back."""
-    raise NotImplementedError(f'{type(self).__name__} has no causal band')
-
-  def value_offset(self) -> chex.Array:
-    """H x V, added to every value vector: what the re-centring took out of the values term."""
-    raise NotImplementedError(f'{type(self).__name__} has no causal band')
 
 
 def module_fields(module: nn.Module) -> dict:
@@ -131,4 +149,7 @@ class Variant:
   stack: type[StackPositions]
   layer: type[LayerPositions]
   paper: str
-  extrapolates: bool  # False: raises a clear error beyond the length it was built for
+  settings: type[Settings] = Settings
+
+  def setting_names(self) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(self.settings))

@@ -1,12 +1,13 @@
 """Composition of variants through the interface: embeds chain, logits and values terms add.
 
-`tupe_r` is TUPE's untied positional term plus a T5 bias, built as compose(tupe, t5) with no code
-specific to either.
+`tupe_r` (tupe_r.py) is TUPE's untied positional term plus a T5 bias, built as compose(tupe, t5)
+with no code specific to either. Every part reads its own fields of the one settings object.
 """
 
+import dataclasses
 from typing import ClassVar
 
-from transformer.positions.base import LayerPositions, StackPositions, Variant, module_fields
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, module_fields
 
 
 class CompositeStack(StackPositions):
@@ -63,9 +64,13 @@ class CompositeLayer(LayerPositions):
     return scales.pop() if scales else None
 
 
-def compose(*variants: Variant, paper: str) -> Variant:
-  """A variant whose hooks are those of `variants`, applied in order (terms summed)."""
+def compose(*variants: Variant, paper: str, settings: type[Settings]) -> Variant:
+  """A variant whose hooks are those of `variants`, applied in order (terms summed). `settings` must
+  have every field of each part's settings (subclass them all)."""
+  missing = [name for v in variants for name in v.setting_names() if name not in
+             {f.name for f in dataclasses.fields(settings)}]
+  if missing:
+    raise TypeError(f'{settings.__name__} lacks the settings {missing} of the composed variants')
   stack = type('ComposedStack', (CompositeStack,), {'parts': tuple(v.stack for v in variants)})
   layer = type('ComposedLayer', (CompositeLayer,), {'parts': tuple(v.layer for v in variants)})
-  return Variant(stack=stack, layer=layer, paper=paper,
-                 extrapolates=all(v.extrapolates for v in variants))
+  return Variant(stack=stack, layer=layer, paper=paper, settings=settings)

@@ -5,10 +5,24 @@ m * theta_i, theta_i = base^(-2i/d):  [x'_2i, x'_2i+1] = [x_2i cos - x_2i+1 sin,
 Then q_m . k_n depends on m - n only. Elementwise ops; no table, no gather.
 """
 
+import dataclasses
+
 import chex
 import jax.numpy as jnp
 
-from transformer.positions.base import LayerPositions
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSettings(Settings):
+  rope_base: float = 10000.0  # theta_i = base^(-2i/d)
+
+  def check(self):
+    require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
+
+  def check_attention(self, num_heads, head_dim, causal):
+    require(head_dim % 2 == 0, 'model_dim', num_heads * head_dim,
+            f'model_dim / num_heads even (now {head_dim}), since rope rotates pairs of dimensions')
 
 
 def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000.0) -> chex.Array:
@@ -34,3 +48,6 @@ class Rope(LayerPositions):
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     return (rotate(query_BxLqxHxK, q_positions_BxLq, self.config.rope_base),
             rotate(key_BxLkxHxK, k_positions_BxLk, self.config.rope_base))
+
+
+VARIANT = Variant(StackPositions, Rope, 'Su et al. 2021 (RoFormer)', RopeSettings)

@@ -20,11 +20,13 @@ distances -k .. 0: causal blockwise attention computes them on the band of keys 
 query block only, and the keys before it go in without any term.
 """
 
+import dataclasses
+
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer.positions.base import LayerPositions, relative_positions
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 from transformer.positions.relative import (by_distance_to_by_key, by_key_to_by_distance, consecutive_or_gathered,
                                             contiguous_offset, distance_axis)
 
@@ -131,6 +133,45 @@ def band_values_consecutive(weights_BxHxLqxLk, band_table_PxHxK, offset: int) ->
                     band_table_PxHxK.astype(per_distance_BxHxLqxP.dtype))
 
 
+@dataclasses.dataclass(frozen=True)
+class ShawSettings(Settings):
+  clip_distance: int = 16  # k: relative distances clipped to [-k, k], 2k + 1 vectors each for keys and values
+  per_head: bool = False   # one a^K, a^V table per head instead of one shared by all heads (the paper)
+
+  def check(self):
+    require(self.clip_distance > 0, 'position.clip_distance', self.clip_distance, 'a positive integer')
+
+
+class ShawBand:
+  """Shaw's causal band (module docstring) for causal blockwise attention: `width` k; `logits` and
+  `values` the re-centred terms, zero for keys more than k back; `value_offset()` (H x V) what the
+  re-centring took out of the values term, which attention adds to every value vector."""
+
+  def __init__(self, layer: 'Shaw'):
+    self.layer = layer
+    self.width = layer.config.clip_distance
+
+  @staticmethod
+  def _offset(q_positions_BxLq, k_positions_BxLk) -> int:
+    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+    if consecutive is not True:
+      raise ValueError('Shaw: the causal band needs consecutive positions known while tracing')
+    return offset
+
+  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, scale):
+    offset = self._offset(q_positions_BxLq, k_positions_BxLk)
+    table = band_table(self.layer.per_head_table(self.layer.key_table), self.width)
+    return scale * band_logits_consecutive(query_BxLqxHxK, table, k_positions_BxLk.shape[1], offset)
+
+  def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
+    offset = self._offset(q_positions_BxLq, k_positions_BxLk)
+    table = band_table(self.layer.per_head_table(self.layer.value_table), self.width)
+    return band_values_consecutive(weights_BxHxLqxLk, table, offset)
+
+  def value_offset(self):
+    return self.layer.per_head_table(self.layer.value_table)[0]
+
+
 class Shaw(LayerPositions):
   """Owns this layer's a^K and a^V tables."""
 
@@ -141,11 +182,11 @@ class Shaw(LayerPositions):
     self.key_table = self.param('key_table', init, shape)
     self.value_table = self.param('value_table', init, shape)
 
-  def _per_head(self, table_RxHxK):
+  def per_head_table(self, table_RxHxK):
     return jnp.broadcast_to(table_RxHxK, (table_RxHxK.shape[0], self.num_heads, self.head_dim))
 
   def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    clip, table = self.config.clip_distance, self._per_head(self.key_table)
+    clip, table = self.config.clip_distance, self.per_head_table(self.key_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     length_k = k_positions_BxLk.shape[1]
     term = consecutive_or_gathered(
@@ -157,31 +198,14 @@ class Shaw(LayerPositions):
     return True
 
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
-    clip, table = self.config.clip_distance, self._per_head(self.value_table)
+    clip, table = self.config.clip_distance, self.per_head_table(self.value_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     return consecutive_or_gathered(
         consecutive, lambda: shaw_values_consecutive(weights_BxHxLqxLk, table, offset, clip),
         lambda: shaw_values(weights_BxHxLqxLk, table, shaw_buckets(q_positions_BxLq, k_positions_BxLk, clip)))
 
   def causal_band(self):
-    return self.config.clip_distance if self.causal else None
+    return ShawBand(self) if self.causal else None
 
-  @staticmethod
-  def _band_offset(q_positions_BxLq, k_positions_BxLk) -> int:
-    consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
-    if consecutive is not True:
-      raise ValueError('Shaw: the causal band needs consecutive positions known while tracing')
-    return offset
 
-  def band_logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, scale):
-    offset = self._band_offset(q_positions_BxLq, k_positions_BxLk)
-    table = band_table(self._per_head(self.key_table), self.config.clip_distance)
-    return scale * band_logits_consecutive(query_BxLqxHxK, table, k_positions_BxLk.shape[1], offset)
-
-  def band_values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
-    offset = self._band_offset(q_positions_BxLq, k_positions_BxLk)
-    table = band_table(self._per_head(self.value_table), self.config.clip_distance)
-    return band_values_consecutive(weights_BxHxLqxLk, table, offset)
-
-  def value_offset(self):
-    return self._per_head(self.value_table)[0]
+VARIANT = Variant(StackPositions, Shaw, 'Shaw et al. 2018', ShawSettings)

@@ -4,10 +4,20 @@ PE(pos, 2i) = sin(pos / base^(2i/d)),  PE(pos, 2i+1) = cos(pos / base^(2i/d)).
 Computed from the positions by elementwise ops, so it exists at every length.
 """
 
+import dataclasses
+
 import chex
 import jax.numpy as jnp
 
-from transformer.positions.base import StackPositions
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
+
+
+@dataclasses.dataclass(frozen=True)
+class SinusoidalSettings(Settings):
+  sinusoidal_base: float = 10000.0  # the wavelength base: wavelengths 2 pi .. 2 pi base
+
+  def check(self):
+    require(self.sinusoidal_base > 1.0, 'position.sinusoidal_base', self.sinusoidal_base, 'a number > 1')
 
 
 def sinusoidal_encoding(positions_BxL: chex.Array, dim: int, base: float = 10000.0) -> chex.Array:
@@ -33,3 +43,6 @@ class Sinusoidal(StackPositions):
   def embed(self, x_BxLxD, positions_BxL):
     encoding = sinusoidal_encoding(positions_BxL, x_BxLxD.shape[-1], self.config.sinusoidal_base)
     return x_BxLxD + encoding.astype(x_BxLxD.dtype)
+
+
+VARIANT = Variant(Sinusoidal, LayerPositions, 'Vaswani et al. 2017', SinusoidalSettings)

@@ -6,15 +6,39 @@ max_distance, beyond which every distance falls in the last bucket. Encoders use
 for the two directions; causal decoders only look back, so all buckets go to the past.
 """
 
+import dataclasses
 import math
 
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer.positions.base import LayerPositions, StackPositions, relative_positions
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 from transformer.positions.relative import (by_distance_to_by_key, consecutive_or_gathered, contiguous_offset,
                                             distance_axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Settings(Settings):
+  num_buckets: int = 32              # buckets (encoders: half for each direction)
+  max_distance: int = 128            # distance of the last, log-spaced bucket; farther ones share it
+  shared_across_layers: bool = True  # one bias table for all layers (the paper), or one per layer
+
+  def check(self):
+    require(self.num_buckets > 0 and self.num_buckets % 2 == 0, 'position.num_buckets', self.num_buckets,
+            'a positive even number (half the buckets for each direction in encoders)')
+    require(self.max_distance > 0, 'position.max_distance', self.max_distance, 'a positive integer')
+
+  def check_attention(self, num_heads, head_dim, causal):
+    # The log-spaced buckets span distances num_exact .. max_distance, num_exact = the buckets of one
+    # direction / 2: with max_distance <= num_exact the log ratio is 0 or negative.
+    per_direction = self.num_buckets if causal else self.num_buckets // 2
+    attention = 'causal' if causal else 'bidirectional'
+    require(per_direction >= 2, 'position.num_buckets', self.num_buckets,
+            f'at least {2 if causal else 4} in {attention} attention (2 buckets for each direction)')
+    require(self.max_distance > per_direction // 2, 'position.max_distance', self.max_distance,
+            f'more than num_buckets / {2 if causal else 4} = {per_direction // 2} in {attention} attention '
+            f'(num_buckets={self.num_buckets}), where the exact buckets end and the log-spaced ones begin')
 
 
 def t5_bucket(relative_position: chex.Array, *, bidirectional: bool, num_buckets: int = 32,
@@ -106,3 +130,6 @@ class T5Layer(LayerPositions):
     if self.config.shared_across_layers:
       return shared
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
+
+
+VARIANT = Variant(T5Stack, T5Layer, 'Raffel et al. 2020 (T5)', T5Settings)

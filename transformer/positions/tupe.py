@@ -10,16 +10,38 @@ at index 0 the positional term's CLS row becomes a learned per-head theta_1 and 
 `tupe_r` composes this term with a T5 relative bias (see __init__.py).
 """
 
+import dataclasses
 import math
+from typing import Optional
 
 import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer.layers import layer_norm
-from transformer.positions.base import LayerPositions, StackPositions
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 from transformer.positions.learned import check_length_fits
 from transformer.positions.sinusoidal import sinusoidal_encoding
+
+
+ABSOLUTE_TABLES = ('sinusoidal', 'learned')
+
+
+@dataclasses.dataclass(frozen=True)
+class TupeSettings(Settings):
+  absolute_table: str = 'sinusoidal'  # p_i from a fixed sinusoidal table or a learned one
+  max_length: int = 512               # rows of the learned table (absolute_table='learned')
+  sinusoidal_base: float = 10000.0    # wavelength base of the sinusoidal table
+  cls_reset: bool = True              # reset the [CLS] row and column (encoders with a [CLS] token)
+
+  def check(self):
+    require(self.absolute_table in ABSOLUTE_TABLES, 'position.absolute_table', self.absolute_table,
+            ', '.join(ABSOLUTE_TABLES))
+    require(self.max_length > 0, 'position.max_length', self.max_length, 'a positive integer')
+    require(self.sinusoidal_base > 1.0, 'position.sinusoidal_base', self.sinusoidal_base, 'a number > 1')
+
+  def longest_sequence(self) -> Optional[int]:
+    return self.max_length if self.absolute_table == 'learned' else None
 
 
 def tupe_scale(head_dim: int) -> float:
@@ -88,3 +110,6 @@ class TupeLayer(LayerPositions):
 
   def scale(self):
     return tupe_scale(self.head_dim)
+
+
+VARIANT = Variant(TupeStack, TupeLayer, 'Ke et al. 2021 (TUPE-A)', TupeSettings)
