@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import transformer as T
-from tests import naive_positions as naive
+from tests import transcriptions
+from tests.transcriptions import sinusoidal as sinusoidal_transcription
+from tests.transcriptions import t5 as t5_transcription
 from tests.helpers import assert_causal, init, own_settings, tiny, tokens
 from transformer.positions import base as position_base
 
 ALL = sorted(T.VARIANTS)
-RELATIVE = ['shaw', 't5', 'alibi', 'rope']
-BIAS_ONLY = ['t5', 'alibi']
 EXTRAPOLATING = [k for k in ALL if T.VARIANTS[k].settings().longest_sequence() is None]
 B, L, D, H = 2, 5, 16, 4
 
@@ -78,29 +78,28 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
 def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
   module, params, x, config = _run(kind, causal, has_cls, **position)
   ours = module.apply(params, x)
-  reference = naive.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position.settings)
+  reference = transcriptions.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position.settings)
   np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize('kind', RELATIVE + ['tupe_r'])
-def test_relative_variants_are_shift_invariant(kind):
-  module, params, x, config = _run(kind, causal=True)
-  shifted_output = module.apply(params, x, offset=37)
-  if kind == 'tupe_r':  # only its relative bias is shift-invariant: test that part
-    t5 = T.positions.t5_bias(params['params']['stack']['components_1']['relative_bias'],
-                             jnp.arange(L)[None], jnp.arange(L)[None], bidirectional=False, max_distance=6)
-    t5_shifted = T.positions.t5_bias(params['params']['stack']['components_1']['relative_bias'],
-                                     jnp.arange(L)[None] + 37, jnp.arange(L)[None] + 37, bidirectional=False,
-                                     max_distance=6)
-    np.testing.assert_allclose(t5, t5_shifted, atol=0)
-    return
-  np.testing.assert_allclose(module.apply(params, x), shifted_output, atol=1e-5)
+@pytest.mark.parametrize('causal', [True, False])
+@pytest.mark.parametrize('kind', ALL)
+def test_shift_invariant_exactly_where_the_variant_claims_it(kind, causal):
+  """Positions shifted by 37: the same outputs for a variant that claims shift invariance
+  (Variant.shift_invariant), different ones for every other: the test fails both ways."""
+  module, params, x, _ = _run(kind, causal)
+  same = np.allclose(module.apply(params, x), module.apply(params, x, offset=37), atol=1e-5)
+  assert same == T.VARIANTS[kind].shift_invariant, (kind, same)
 
 
-def test_absolute_variants_are_not_shift_invariant():
-  """The shift test can fail: it does for an absolute encoding."""
-  module, params, x, _ = _run('sinusoidal', causal=True)
-  assert not np.allclose(module.apply(params, x), module.apply(params, x, offset=37), atol=1e-3)
+def test_tupe_r_relative_part_is_shift_invariant():
+  """TUPE-R is not, through its absolute term; its T5 part is, exactly."""
+  module, params, x, _ = _run('tupe_r', causal=True)
+  table = params['params']['stack']['components_1']['relative_bias']
+  positions = jnp.arange(L)[None]
+  np.testing.assert_allclose(
+      T.positions.t5_bias(table, positions, positions, bidirectional=False, max_distance=6),
+      T.positions.t5_bias(table, positions + 37, positions + 37, bidirectional=False, max_distance=6), atol=0)
 
 
 def _toeplitz(bias_HxLqxLk):
@@ -132,7 +131,7 @@ def test_t5_buckets_match_known_values(distance, bidirectional, bucket):
   ours = int(T.positions.t5_bucket(jnp.array(distance), bidirectional=bidirectional, num_buckets=32,
                                    max_distance=128))
   assert ours == bucket
-  assert naive.t5_bucket(distance, bidirectional, 32, 128) == bucket
+  assert t5_transcription.t5_bucket(distance, bidirectional, 32, 128) == bucket
 
 
 def test_alibi_slopes_match_the_paper():
@@ -244,7 +243,7 @@ def test_sinusoidal_shift_is_one_linear_map_for_every_position():
   dim, k = 16, 5
   table = np.asarray(T.positions.sinusoidal_table(300, dim), np.float64)
   for c in range(dim):  # the table itself, against the paper's formula
-    np.testing.assert_allclose(table[:, c], [naive.sinusoid(p, dim)[c] for p in range(300)], atol=1e-4)
+    np.testing.assert_allclose(table[:, c], [sinusoidal_transcription.sinusoid(p, dim)[c] for p in range(300)], atol=1e-4)
   shift = np.zeros((dim, dim))
   for i in range(dim // 2):
     w = 10000.0 ** (-2 * i / dim)

@@ -50,4 +50,4 @@ class AlibiLayer(LayerPositions):
     return shared
 
 
-VARIANT = Variant(AlibiStack, AlibiLayer, 'Press et al. 2022')
+VARIANT = Variant(AlibiStack, AlibiLayer, 'Press et al. 2022', shift_invariant=True)

@@ -150,6 +150,7 @@ class Variant:
   layer: type[LayerPositions]
   paper: str
   settings: type[Settings] = Settings
+  shift_invariant: bool = False  # the paper's claim: attention depends on positions only through i - j
 
   def setting_names(self) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(self.settings))

@@ -73,4 +73,5 @@ def compose(*variants: Variant, paper: str, settings: type[Settings]) -> Variant
     raise TypeError(f'{settings.__name__} lacks the settings {missing} of the composed variants')
   stack = type('ComposedStack', (CompositeStack,), {'parts': tuple(v.stack for v in variants)})
   layer = type('ComposedLayer', (CompositeLayer,), {'parts': tuple(v.layer for v in variants)})
-  return Variant(stack=stack, layer=layer, paper=paper, settings=settings)
+  return Variant(stack=stack, layer=layer, paper=paper, settings=settings,
+                 shift_invariant=all(v.shift_invariant for v in variants))

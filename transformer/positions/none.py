@@ -5,4 +5,4 @@ still tells positions apart through its mask; an encoder sees a bag of tokens.
 
 from transformer.positions.base import LayerPositions, StackPositions, Variant
 
-VARIANT = Variant(StackPositions, LayerPositions, 'Haviv et al. 2022 (NoPE)')
+VARIANT = Variant(StackPositions, LayerPositions, 'Haviv et al. 2022 (NoPE)', shift_invariant=True)

@@ -50,4 +50,4 @@ class Rope(LayerPositions):
             rotate(key_BxLkxHxK, k_positions_BxLk, self.config.rope_base))
 
 
-VARIANT = Variant(StackPositions, Rope, 'Su et al. 2021 (RoFormer)', RopeSettings)
+VARIANT = Variant(StackPositions, Rope, 'Su et al. 2021 (RoFormer)', RopeSettings, shift_invariant=True)

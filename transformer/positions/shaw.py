@@ -208,4 +208,4 @@ class Shaw(LayerPositions):
     return ShawBand(self) if self.causal else None
 
 
-VARIANT = Variant(StackPositions, Shaw, 'Shaw et al. 2018', ShawSettings)
+VARIANT = Variant(StackPositions, Shaw, 'Shaw et al. 2018', ShawSettings, shift_invariant=True)

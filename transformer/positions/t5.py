@@ -132,4 +132,4 @@ class T5Layer(LayerPositions):
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
 
 
-VARIANT = Variant(T5Stack, T5Layer, 'Raffel et al. 2020 (T5)', T5Settings)
+VARIANT = Variant(T5Stack, T5Layer, 'Raffel et al. 2020 (T5)', T5Settings, shift_invariant=True)
