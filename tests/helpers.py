@@ -17,7 +17,7 @@ def tiny(kind: str = 'sinusoidal', **changes) -> T.ModelConfig:
 
 def own_settings(kind: str, **fields) -> dict:
   """The fields that are settings of `kind` (a test giving every variant the same small sizes)."""
-  return {name: value for name, value in fields.items() if name in T.VARIANTS[kind].setting_names()}
+  return T.VARIANTS[kind].own_settings(fields)
 
 
 def tokens(batch: int, length: int, vocab: int = 32, seed: int = 0):

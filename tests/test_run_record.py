@@ -130,3 +130,13 @@ def test_the_command_line_refuses_with_one_line_per_field_and_exit_code_2(tmp_pa
       'model.num_heads', 'model.position.kind', 'model.position.max_distance', 'model.position.num_buckets',
       'model.position.shared_across_layers', 'model.position.sinusoidal_base')]
   assert _fingerprint(tmp_path) == before
+
+
+def test_a_record_from_before_per_variant_settings_reads_as_its_kinds_own(tmp_path):
+  """Records written when every run listed every variant's fields: the run is its kind and that
+  variant's settings (so it resumes, and loads, under the current code)."""
+  record = {'model': {'position': {'kind': 'shaw', 'clip_distance': 3, 'per_head': False, 'rope_base': 10000.0,
+                                   'num_buckets': 32, 'max_length': 256}}, 'seed': 0}
+  (tmp_path / 'config.json').write_text(json.dumps(record))
+  assert run_record.stored_config(str(tmp_path))['model']['position'] == {
+      'kind': 'shaw', 'clip_distance': 3, 'per_head': False}

@@ -60,7 +60,7 @@ def run_row(variant: str, length: int) -> dict:
   import transformer  # pylint: disable=g-import-not-at-top
   def _position(variant, length):
     """The variant at its defaults, a learned table long enough for `length`."""
-    long_enough = {'max_length': max(length, 512)} if 'max_length' in transformer.VARIANTS[variant].setting_names() else {}
+    long_enough = transformer.VARIANTS[variant].own_settings({'max_length': max(length, 512)})
     return transformer.PositionConfig(variant, **long_enough)
 
   config = transformer.ModelConfig(

@@ -23,7 +23,6 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 import transformer
-from experiments.runs.settings import position_from_record
 from experiments.shared.files import sha256_of_file, write_json_atomically
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
@@ -187,7 +186,7 @@ def load_run(workdir: str):
   if resolved is None:
     raise FileNotFoundError(f'{workdir}/{run_record.CONFIG_FILE}: missing; valid: the --workdir of a training run')
   model_fields = dict(resolved['model'])
-  model_config = transformer.ModelConfig(position=position_from_record(model_fields.pop('position')),
+  model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
                                          **model_fields)
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
   task = TASKS[task_fields['name']](TaskSettings(**task_fields))

@@ -98,8 +98,7 @@ def _own_position_settings(config: dict) -> dict:
   import transformer  # pylint: disable=g-import-not-at-top
   variant = transformer.VARIANTS.get(position['kind'])
   if variant is not None:
-    names = variant.setting_names()
-    config['model']['position'] = {n: v for n, v in position.items() if n == 'kind' or n in names}
+    config['model']['position'] = {'kind': position['kind'], **variant.own_settings(position)}
   return config
 
 

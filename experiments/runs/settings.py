@@ -107,15 +107,7 @@ def _position(config: ml_collections.ConfigDict) -> transformer.PositionConfig:
     hints.update(typing.get_type_hints(variant.settings))
   values = {name: _check_type(f'model.position.{name}', config[name], hints[name])
             for name in sorted(config.keys()) if name != 'kind'}
-  own = transformer.VARIANTS[kind].setting_names()
-  return transformer.PositionConfig(kind, **{name: value for name, value in values.items() if name in own})
-
-
-def position_from_record(fields: dict) -> transformer.PositionConfig:
-  """A run record's model.position (kind and settings) as a PositionConfig. Records written before
-  each variant had its own settings list every variant's fields: only the kind's own are read."""
-  names = transformer.VARIANTS[fields['kind']].setting_names()
-  return transformer.PositionConfig(fields['kind'], **{n: v for n, v in fields.items() if n in names})
+  return transformer.PositionConfig(kind, **transformer.VARIANTS[kind].own_settings(values))
 
 
 def _positive(field: str, value, allow_zero: bool = False):

@@ -154,3 +154,8 @@ class Variant:
 
   def setting_names(self) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(self.settings))
+
+  def own_settings(self, fields: dict) -> dict:
+    """The entries of `fields` that are this variant's settings (the rest belong to others)."""
+    names = self.setting_names()
+    return {name: value for name, value in fields.items() if name in names}
