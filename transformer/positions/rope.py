@@ -6,6 +6,7 @@ Then q_m . k_n depends on m - n only. Elementwise ops; no table, no gather.
 """
 
 import dataclasses
+from typing import Optional
 
 import chex
 import jax.numpy as jnp
@@ -25,21 +26,40 @@ class RopeSettings(Settings):
             f'model_dim / num_heads even (now {head_dim}), since rope rotates pairs of dimensions')
 
 
-def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000.0) -> chex.Array:
-  """R(pos) x for every position and head, in float32, returned in x's dtype."""
-  chex.assert_rank([x_BxLxHxK, positions_BxL], [4, 2])
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> chex.Array:
+  """theta_p = base^(-2p/d) for the head_dim / 2 pairs of dimensions, float32."""
+  return base ** (-2.0 * jnp.arange(head_dim // 2, dtype=jnp.float32) / head_dim)
+
+
+def rotate_by(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, theta_P: chex.Array,
+              scale_BxLxP: Optional[chex.Array] = None) -> chex.Array:
+  """Pair p of every head rotated by pos * theta_p (and multiplied by scale[pos, p], xPos), in float32,
+  returned in x's dtype. A zero frequency leaves its pair exactly as it is (cos 0 = 1, sin 0 = 0)."""
+  chex.assert_rank([x_BxLxHxK, positions_BxL, theta_P], [4, 2, 1])
   head_dim = x_BxLxHxK.shape[-1]
   if head_dim % 2:
     raise ValueError(f'rope rotates pairs of dimensions: head_dim must be even, got {head_dim}')
-  theta_P = base ** (-2.0 * jnp.arange(head_dim // 2, dtype=jnp.float32) / head_dim)
+  chex.assert_shape(theta_P, (head_dim // 2,))
   angle_BxLx1xP = (positions_BxL.astype(jnp.float32)[..., None] * theta_P)[:, :, None, :]
   cos, sin = jnp.cos(angle_BxLx1xP), jnp.sin(angle_BxLx1xP)
+  if scale_BxLxP is not None:
+    scale_BxLx1xP = scale_BxLxP.astype(jnp.float32)[:, :, None, :]
+    cos, sin = cos * scale_BxLx1xP, sin * scale_BxLx1xP
   pairs = x_BxLxHxK.astype(jnp.float32).reshape(*x_BxLxHxK.shape[:-1], head_dim // 2, 2)
   even, odd = pairs[..., 0], pairs[..., 1]
   rotated = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
   result = rotated.reshape(x_BxLxHxK.shape).astype(x_BxLxHxK.dtype)
   chex.assert_equal_shape([result, x_BxLxHxK])
   return result
+
+
+def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000.0) -> chex.Array:
+  """R(pos) x for every position and head, in float32, returned in x's dtype."""
+  chex.assert_rank(x_BxLxHxK, 4)
+  head_dim = x_BxLxHxK.shape[-1]
+  if head_dim % 2:
+    raise ValueError(f'rope rotates pairs of dimensions: head_dim must be even, got {head_dim}')
+  return rotate_by(x_BxLxHxK, positions_BxL, rope_frequencies(head_dim, base))
 
 
 class Rope(LayerPositions):
