@@ -67,6 +67,11 @@ class Settings:
     """The longest sequence the variant can represent; None: any length (it extrapolates)."""
     return None
 
+  def shift_invariant_below(self) -> Optional[int]:
+    """Where the variant's claim of shift invariance (Variant.shift_invariant) ends: it holds while every
+    position is below this; None: at every position."""
+    return None
+
 
 class StackPositions(nn.Module):
   """Stack-level hooks. The base class carries no position information (NoPE)."""
