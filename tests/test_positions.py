@@ -44,7 +44,8 @@ class OneAttention(nn.Module):
         shared=shared)
 
 
-SMALL_SETTINGS = dict(max_length=64, clip_distance=2, num_buckets=8, max_distance=6)  # where a variant has them
+SMALL_SETTINGS = dict(max_length=64, clip_distance=2, num_buckets=8, max_distance=6,  # where a variant has them
+                      fire_threshold=64.0, fire_learn_threshold=False)
 
 
 def _config(kind, **position):
@@ -70,7 +71,8 @@ def _run(kind, causal, has_cls=False, offset=0, x=None, **position):
 VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
     ('shaw', {'per_head': True}), ('t5', {'shared_across_layers': False}),
     ('tupe_a', {'absolute_table': 'learned'}), ('tupe_r', {'shared_across_layers': False}),
-    ('rope', {'rope_base': 500.0}), ('sinusoidal', {'sinusoidal_base': 100.0})]
+    ('rope', {'rope_base': 500.0}), ('sinusoidal', {'sinusoidal_base': 100.0}),
+    ('fire', {'fire_learn_threshold': True, 'fire_threshold': 3.0})]
 
 
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))
