@@ -66,10 +66,12 @@ RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
 SET_BY_THE_SWEEP = {'seed': '--seeds', 'model.position.kind': '--positions', 'model.architecture': '--baselines'}
 
 
-def variants_from_flag(value: str) -> list[str]:
+def variants_from_flag(value: str, bidirectional: bool = False) -> list[str]:
+  """The variants --positions names; 'all': every variant the model can take (with a bidirectional
+  stack, every variant that is not causal only)."""
   import transformer  # pylint: disable=g-import-not-at-top
   if value == 'all':
-    return list(transformer.VARIANTS)
+    return [kind for kind, variant in transformer.VARIANTS.items() if not (bidirectional and variant.causal_only)]
   chosen = [v.strip() for v in value.split(',') if v.strip()]
   unknown = [v for v in chosen if v not in transformer.VARIANTS]
   if unknown or not chosen or len(set(chosen)) < len(chosen):
@@ -199,15 +201,16 @@ def main(argv):
     cli.fail('--config and --workdir are required, e.g. --config=configs/algorithmic.py:copy --workdir=runs/copy')
   if _SEEDS.value < 1:
     cli.fail(f'--seeds: got {_SEEDS.value}; valid: a positive integer')
+  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
+  bidirectional = False in settings.CAUSAL_STACKS.get(_CONFIG.value.task.model_kind, ())
   try:
-    rows = variants_from_flag(_POSITIONS.value) + baselines_from_flag(_BASELINES.value)
+    rows = variants_from_flag(_POSITIONS.value, bidirectional) + baselines_from_flag(_BASELINES.value)
   except ValueError as error:
     cli.fail(str(error))
   if _REFERENCE.value is not None and _REFERENCE.value not in rows:
     cli.fail(f'--reference: got {_REFERENCE.value!r}; valid: one of the sweep\'s rows, {", ".join(rows)}')
   overrides = child_overrides(_CONFIG.value, sys.argv)
   config_file = cli.config_argument(sys.argv)
-  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
   try:
     settings.check_workdir(_WORKDIR.value)
   except settings.ConfigError as error:

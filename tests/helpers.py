@@ -20,6 +20,11 @@ def own_settings(kind: str, **fields) -> dict:
   return T.VARIANTS[kind].own_settings(fields)
 
 
+def bidirectional(kind: str) -> bool:
+  """Whether the variant serves bidirectional attention (encoders); a causal-only variant refuses it."""
+  return not T.VARIANTS[kind].causal_only
+
+
 def tokens(batch: int, length: int, vocab: int = 32, seed: int = 0):
   return jax.random.randint(jax.random.PRNGKey(seed), (batch, length), 1, vocab)
 

@@ -14,11 +14,12 @@ import transformer as T
 from tests import transcriptions
 from tests.transcriptions import sinusoidal as sinusoidal_transcription
 from tests.transcriptions import t5 as t5_transcription
-from tests.helpers import assert_causal, init, own_settings, tiny, tokens
+from tests.helpers import assert_causal, bidirectional, init, own_settings, tiny, tokens
 from transformer.positions import base as position_base
 
 ALL = sorted(T.VARIANTS)
 EXTRAPOLATING = [k for k in ALL if T.VARIANTS[k].settings().longest_sequence() is None]
+BIDIRECTIONAL = [k for k in ALL if bidirectional(k)]
 B, L, D, H = 2, 5, 16, 4
 
 
@@ -31,6 +32,7 @@ class OneAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, offset: int = 0):
     variant = self.config.position.variant
+    self.config.position.check_attention(self.config.num_heads, self.config.head_dim, self.causal)
     fields = dict(config=self.config.position.settings, num_heads=self.config.num_heads, head_dim=self.config.head_dim,
                   model_dim=self.config.model_dim, num_layers=1, causal=self.causal, has_cls=self.has_cls)
     stack = variant.stack(**fields, name='stack')
@@ -61,7 +63,14 @@ def _randomise(params, seed=1):
 
 
 def _run(kind, causal, has_cls=False, offset=0, x=None, **position):
+  """The module, its randomised parameters, an input and the config; for a causal-only variant asked
+  for bidirectional attention, checks that it is refused and returns None."""
   config = _config(kind, **position)
+  if not causal and not bidirectional(kind):
+    with pytest.raises(ValueError, match=f"position.kind: got '{kind}'; valid: in bidirectional attention .* "
+                                         f'{kind} is causal only'):
+      OneAttention(config, causal, has_cls).init(jax.random.PRNGKey(0), jnp.zeros((B, L, D)))
+    return None
   module = OneAttention(config, causal, has_cls)
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D)) if x is None else x
   params = {'params': _randomise(module.init(jax.random.PRNGKey(0), x)['params'])}
@@ -78,6 +87,8 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))
 @pytest.mark.parametrize('causal,has_cls', [(True, False), (False, False), (False, True)])
 def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
+  if _run(kind, causal, has_cls, **position) is None:
+    return  # refused, as checked
   module, params, x, config = _run(kind, causal, has_cls, **position)
   ours = module.apply(params, x)
   reference = transcriptions.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position.settings)
@@ -90,6 +101,8 @@ def test_shift_invariant_exactly_where_the_variant_claims_it(kind, causal):
   """Positions shifted by 37: the same outputs for a variant that claims shift invariance
   (Variant.shift_invariant), different ones for every other: the test fails both ways. A claim that
   ends at a position (Settings.shift_invariant_below) must also fail beyond it."""
+  if _run(kind, causal) is None:
+    return  # refused, as checked
   module, params, x, config = _run(kind, causal)
   limit = config.position.settings.shift_invariant_below()
   assert limit is None or limit > 37 + L, (kind, limit)  # the settings of _config keep the shift within it
@@ -274,9 +287,11 @@ def test_decoder_only_stays_causal(kind):
 @pytest.mark.parametrize('kind', EXTRAPOLATING)
 def test_model_built_for_64_runs_at_256(kind):
   config = tiny(kind, position=own_settings(kind, max_length=64))
-  for model, make_args in [(T.DecoderOnly(config), lambda n: (tokens(1, n),)),
-                           (T.EncoderDecoder(config), lambda n: (tokens(1, n), tokens(1, n))),
-                           (T.EncoderOnly(config), lambda n: (tokens(1, n),))]:
+  models = [(T.DecoderOnly(config), lambda n: (tokens(1, n),))]
+  if bidirectional(kind):
+    models += [(T.EncoderDecoder(config), lambda n: (tokens(1, n), tokens(1, n))),
+               (T.EncoderOnly(config), lambda n: (tokens(1, n),))]
+  for model, make_args in models:
     params = init(model, *make_args(64))
     outputs = jax.jit(model.apply)(params, *make_args(256))
     assert bool(jnp.all(jnp.isfinite(outputs))), kind
@@ -292,7 +307,7 @@ def test_learned_raises_beyond_its_table_naming_both_lengths_and_the_field(kind,
   assert config.position.settings.longest_sequence() == 64
 
 
-@pytest.mark.parametrize('kind', ALL)
+@pytest.mark.parametrize('kind', BIDIRECTIONAL)
 def test_cross_attention_gets_no_position_terms(kind):
   config = tiny(kind)
   model = T.EncoderDecoder(config)

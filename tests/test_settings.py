@@ -4,6 +4,8 @@ code 2 with that line, writing nothing.)"""
 
 import math
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import transformer
@@ -18,7 +20,7 @@ BAD_VALUES = [  # (overrides on configs/smoke.py, what the one line must say); 8
     ({'model.model_dim': 0}, 'model.model_dim: got 0; valid: a positive integer'),
     ({'model.feed_forward_dim': -1}, 'model.feed_forward_dim: got -1; valid: a positive integer'),
     ({'model.num_heads': 3}, 'model.num_heads: got 3; valid: a divisor of model_dim=32'),
-    ({'model.position.kind': 'fourier'}, "model.position.kind: got 'fourier'; valid: alibi, learned"),
+    ({'model.position.kind': 'fourier'}, "model.position.kind: got 'fourier'; valid: " + ', '.join(sorted(transformer.VARIANTS))),
     ({'task.name': 'tetris'}, "task.name: got 'tetris'; valid: addition, classify, copy"),
     ({'task.model_kind': 'encoder_only'}, "task.model_kind: got 'encoder_only'; valid: decoder_only"),
     ({'model.position.kind': 'learned', 'model.position.max_length': 20},
@@ -123,3 +125,30 @@ def test_t5_buckets_are_checked_for_the_attention_the_model_has():
     transformer.positions.t5.T5Settings(num_buckets=16, max_distance=4).check_attention(4, 8, causal=False)
   with pytest.raises(ValueError, match='position.num_buckets: got 2; valid: at least 4 in bidirectional'):
     transformer.positions.t5.T5Settings(num_buckets=2, max_distance=8).check_attention(4, 8, causal=False)
+
+
+def test_a_causal_only_variant_is_refused_for_every_bidirectional_stack_and_left_out_of_all(monkeypatch):
+  """A variant that declares causal_only: refused, naming the kind and the valid ones, by the library
+  (an encoder's hooks) and by the run's settings (an encoder-decoder task, not
+  decoder-only); compare --positions=all leaves it out of a sweep whose model has an encoder."""
+  from experiments import compare  # pylint: disable=g-import-not-at-top
+  none = transformer.VARIANTS['none']
+  monkeypatch.setitem(transformer.VARIANTS, 'causal_none', transformer.positions.Variant(
+      none.stack, none.layer, 'a test', causal_only=True))
+  position = transformer.PositionConfig('causal_none')
+  position.check_attention(4, 8, causal=True)
+  with pytest.raises(ValueError, match="^position.kind: got 'causal_none'; valid: in bidirectional attention "
+                                       r'\(an encoder\) one of none, .*; causal_none is causal only$'):
+    position.check_attention(4, 8, causal=False)
+  with pytest.raises(ValueError, match='causal_none is causal only'):
+    model = transformer.EncoderOnly(transformer.tiny_preset(position))
+    model.init(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32))
+  overrides = {'model.position.kind': 'causal_none'}
+  settings.from_config_dict(with_overrides(smoke.get_config(), overrides), 8)  # decoder-only: accepted
+  for model_kind in ('encoder_decoder',):  # the smoke task's model kind with an encoder
+    with pytest.raises(settings.ConfigError, match=f"^model.position.kind: got 'causal_none'.*causal only "
+                                                   rf'\(model.position.kind=causal_none, {model_kind}\)$'):
+      settings.from_config_dict(with_overrides(smoke.get_config(), dict(overrides, **{'task.model_kind': model_kind})), 8)
+  assert 'causal_none' in compare.variants_from_flag('all', bidirectional=False)
+  assert 'causal_none' not in compare.variants_from_flag('all', bidirectional=True)
+  assert compare.variants_from_flag('all', bidirectional=True) == [k for k in transformer.VARIANTS if k != 'causal_none']

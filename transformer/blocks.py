@@ -19,7 +19,7 @@ from transformer.positions.base import Shared
 
 
 def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool) -> dict:
-  config.position.settings.check_attention(config.num_heads, config.head_dim, causal)
+  config.position.check_attention(config.num_heads, config.head_dim, causal)
   return dict(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
               model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls)
 

@@ -37,6 +37,14 @@ class PositionConfig:
   def variant(self) -> Variant:
     return VARIANTS[self.kind]
 
+  def check_attention(self, num_heads: int, head_dim: int, causal: bool) -> None:
+    """ValueError for an attention this variant cannot serve: bidirectional for a causal-only variant,
+    then the variant's own shape rules (Settings.check_attention)."""
+    bidirectional_kinds = ', '.join(kind for kind, variant in VARIANTS.items() if not variant.causal_only)
+    require(causal or not self.variant.causal_only, 'position.kind', self.kind,
+            f'in bidirectional attention (an encoder) one of {bidirectional_kinds}; {self.kind} is causal only')
+    self.settings.check_attention(num_heads, head_dim, causal)
+
   def fields(self) -> dict:
     """{'kind': ..., and every setting}: the flat form of model.position in configs and run records."""
     return {'kind': self.kind, **dataclasses.asdict(self.settings)}

@@ -190,7 +190,7 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
 
   for causal in CAUSAL_STACKS[task.model_kind] if model.architecture == 'transformer' else ():
     try:
-      position.settings.check_attention(model.num_heads, model.head_dim, causal)
+      position.check_attention(model.num_heads, model.head_dim, causal)
     except ValueError as error:
       raise ConfigError(f'model.{error} (model.position.kind={position.kind}, {task.model_kind})') from None
   longest = max(task_object.sequence_length(n) for n in (task.max_length, *task.eval_lengths))

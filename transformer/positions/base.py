@@ -156,6 +156,7 @@ class Variant:
   paper: str
   settings: type[Settings] = Settings
   shift_invariant: bool = False  # the paper's claim: attention depends on positions only through i - j
+  causal_only: bool = False  # serves causal attention only (decoders); bidirectional attention is refused
 
   def setting_names(self) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(self.settings))
