@@ -81,7 +81,8 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
     ('shaw', {'per_head': True}), ('t5', {'shared_across_layers': False}),
     ('tupe_a', {'absolute_table': 'learned'}), ('tupe_r', {'shared_across_layers': False}),
     ('rope', {'rope_base': 500.0}), ('sinusoidal', {'sinusoidal_base': 100.0}),
-    ('fire', {'fire_learn_threshold': True, 'fire_threshold': 3.0})]
+    ('fire', {'fire_learn_threshold': True, 'fire_threshold': 3.0}),
+    ('xpos', {'xpos_scale_base': 4.0, 'xpos_center': 2, 'rope_base': 500.0})]
 
 
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))

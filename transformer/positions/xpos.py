@@ -1,0 +1,64 @@
+"""xPos, extrapolatable position embedding (Sun et al. 2022, "A Length-Extrapolatable Transformer"),
+as torchscale's reference code computes it: RoPE whose rotated pairs also decay with distance.
+
+Pair p of a query at position n and of a key at position m (d the head width):
+  q_n -> R(n) q_n * zeta_p^((n - c) / gamma),   k_m -> R(m) k_m * zeta_p^(-(m - c) / gamma),
+  zeta_p = (2p/d + 0.4) / 1.4 in (0.29, 1),     gamma the scale base (512),
+so q_n . k_m sums the RoPE terms of pair p times zeta_p^((n - m) / gamma): attention to keys further
+back is damped, more in the low pairs. The centre c cancels in the product; it only keeps both factors
+near 1. torchscale centres at half of each call's length, which moves when a cache grows, so cached
+decoding would scale its keys differently from the full pass; here c is a fixed setting
+(xpos_center), and the factors stay finite in float32 for |n - c| below about 70 gamma.
+Causal only: for keys after the query (n < m) the factor grows instead of decaying.
+"""
+
+import dataclasses
+
+import chex
+import jax.numpy as jnp
+
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
+from transformer.positions.rope import rope_frequencies, rotate_by
+
+
+@dataclasses.dataclass(frozen=True)
+class XposSettings(Settings):
+  rope_base: float = 10000.0       # theta_p = base^(-2p/d), as RoPE
+  xpos_scale_base: float = 512.0   # gamma: distances are damped by zeta_p^(distance / gamma)
+  xpos_center: int = 0             # c: the position where both factors are 1
+
+  def check(self):
+    require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
+    require(self.xpos_scale_base > 0, 'position.xpos_scale_base', self.xpos_scale_base, 'a positive number')
+
+  def check_attention(self, num_heads, head_dim, causal):
+    require(head_dim % 2 == 0, 'model_dim', num_heads * head_dim,
+            f'model_dim / num_heads even (now {head_dim}), since xpos rotates pairs of dimensions')
+
+
+def xpos_decay(head_dim: int) -> chex.Array:
+  """zeta_p = (2p/d + 0.4) / 1.4 for the d / 2 pairs, float32."""
+  return (2.0 * jnp.arange(head_dim // 2, dtype=jnp.float32) / head_dim + 0.4) / 1.4
+
+
+def xpos_scale(positions_BxL: chex.Array, head_dim: int, scale_base: float, center: int,
+               sign: float = 1.0) -> chex.Array:
+  """zeta_p^(sign (n - c) / gamma): B x L x P, float32 (sign -1 for keys)."""
+  exponent_BxLx1 = sign * (positions_BxL.astype(jnp.float32)[..., None] - center) / scale_base
+  return xpos_decay(head_dim) ** exponent_BxLx1
+
+
+class Xpos(LayerPositions):
+  """Rotates queries and keys as RoPE, and scales them by zeta^(+-(position - c) / gamma)."""
+
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+    settings, head_dim = self.config, query_BxLqxHxK.shape[-1]
+    theta_P = rope_frequencies(head_dim, settings.rope_base)
+    q_scale = xpos_scale(q_positions_BxLq, head_dim, settings.xpos_scale_base, settings.xpos_center)
+    k_scale = xpos_scale(k_positions_BxLk, head_dim, settings.xpos_scale_base, settings.xpos_center, sign=-1.0)
+    return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale),
+            rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale))
+
+
+VARIANT = Variant(StackPositions, Xpos, 'Sun et al. 2022 (xPos)', XposSettings, shift_invariant=True,
+                  causal_only=True)
