@@ -47,7 +47,7 @@ class OneAttention(nn.Module):
 
 
 SMALL_SETTINGS = dict(max_length=64, clip_distance=2, num_buckets=8, max_distance=6,  # where a variant has them
-                      fire_threshold=64.0, fire_learn_threshold=False)
+                      fire_threshold=64.0, fire_learn_threshold=False, rotary_fraction=0.5)
 
 
 def _config(kind, **position):
@@ -82,7 +82,8 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
     ('tupe_a', {'absolute_table': 'learned'}), ('tupe_r', {'shared_across_layers': False}),
     ('rope', {'rope_base': 500.0}), ('sinusoidal', {'sinusoidal_base': 100.0}),
     ('fire', {'fire_learn_threshold': True, 'fire_threshold': 3.0}),
-    ('xpos', {'xpos_scale_base': 4.0, 'xpos_center': 2, 'rope_base': 500.0})]
+    ('xpos', {'xpos_scale_base': 4.0, 'xpos_center': 2, 'rope_base': 500.0}),
+    ('p_rope', {'rotary_fraction': 1.0})]
 
 
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))
