@@ -78,7 +78,7 @@ def test_shaw_terms_and_gradients_equal_the_gathered_ones(q_positions, k_positio
     layer = shaw_module.Shaw(config=shaw_module.ShawSettings(clip_distance=clip, per_head=True), num_heads=2, head_dim=4, model_dim=8, num_layers=1,
                              causal=False)
     params = {'params': {'key_table': key_table, 'value_table': value_table}}
-    logits = layer.apply(params, query, q_pos, k_pos, None, 1.0, method='logits')
+    logits = layer.apply(params, query, None, q_pos, k_pos, None, 1.0, method='logits')
     np.testing.assert_allclose(logits, gathered(*args)[0], rtol=1e-6, atol=1e-6)
     return
   for ours, expected in zip(jax.jit(fast)(*args), jax.jit(gathered)(*args)):
@@ -111,10 +111,10 @@ def test_positions_known_only_at_run_time_take_the_same_path(q_positions, k_posi
                            num_layers=1, causal=False)
   query = jax.random.normal(jax.random.PRNGKey(0), (2, q_pos.shape[1], 2, 4))
   weights = jax.random.uniform(jax.random.PRNGKey(1), (2, 2, q_pos.shape[1], k_pos.shape[1]))
-  params = layer.init(jax.random.PRNGKey(2), query, q_pos, k_pos, None, 1.0, method='logits')
+  params = layer.init(jax.random.PRNGKey(2), query, None, q_pos, k_pos, None, 1.0, method='logits')
 
   def terms(q_pos, k_pos):
-    return (layer.apply(params, query, q_pos, k_pos, None, 0.5, method='logits'),
+    return (layer.apply(params, query, None, q_pos, k_pos, None, 0.5, method='logits'),
             layer.apply(params, weights, q_pos, k_pos, method='values'),
             t5_module.t5_bias(jnp.arange(24.0).reshape(8, 3), q_pos, k_pos, bidirectional=True, max_distance=6))
 

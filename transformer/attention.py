@@ -192,7 +192,8 @@ class MultiHeadAttention(nn.Module):
         and max(query.shape[1], key.shape[1]) > self.block_size):
       return self._blockwise(query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale,
                              causal)
-    bias = None if positions is None else positions.logits(query, q_positions_BxLq, k_positions_BxLk, shared, scale)
+    bias = None if positions is None else positions.logits(query, key, q_positions_BxLq, k_positions_BxLk, shared,
+                                                           scale)
     needs_weights = caller_needs_weights or (positions is not None and positions.needs_weights())
     if not needs_weights and fused_attention_preferred():
       return fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
@@ -235,8 +236,8 @@ class MultiHeadAttention(nn.Module):
       shared_block = shared_by_query_block(shared, query.shape[1], self.block_size)
 
       def logits_term(query_block, q_slice, k_slice):
-        return positions.logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice],
-                                shared_block(q_slice, k_slice), scale)
+        return positions.logits(query_block, key[:, k_slice], q_positions_BxLq[:, q_slice],
+                                k_positions_BxLk[:, k_slice], shared_block(q_slice, k_slice), scale)
 
       def values_term(weights_block, q_slice, k_slice):
         return positions.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])

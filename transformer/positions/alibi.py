@@ -46,7 +46,7 @@ class AlibiStack(StackPositions):
 
 class AlibiLayer(LayerPositions):
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     return shared
 
 

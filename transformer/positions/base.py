@@ -10,8 +10,9 @@ variant, and never branches on the variant's name.
                                  unchanged to every layer
   LayerPositions (one per self-attention layer)
     rotate(q, k, q_pos, k_pos)   transform queries and keys by position        RoPE
-    logits(q, q_pos, k_pos, shared, scale)
-                                 a term added to the scaled logits QK^T*scale  ALiBi, T5, TUPE, Shaw
+    logits(q, k, q_pos, k_pos, shared, scale)
+                                 a term added to the scaled logits QK^T*scale  ALiBi, T5, TUPE, Shaw,
+                                 (it may read the keys)                        KERPLE, FIRE
     values(weights, q_pos, k_pos)
                                  a term added to the attention output         Shaw
     needs_weights()              values() reads the attention weights, so     Shaw
@@ -106,10 +107,11 @@ class LayerPositions(nn.Module):
     del q_positions_BxLq, k_positions_BxLk
     return query_BxLqxHxK, key_BxLkxHxK
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared: Shared,
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared: Shared,
              scale: float) -> Optional[chex.Array]:
-    """A term broadcastable to B x H x Lq x Lk, added after QK^T has been scaled; None for none."""
-    del query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale
+    """A term broadcastable to B x H x Lq x Lk, added after QK^T has been scaled; None for none. It may
+    read the (rotated) queries and keys: Transformer-XL's content bias u.k_j, CoPE's gates on q.k."""
+    del query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale
     return None
 
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk) -> Optional[chex.Array]:

@@ -47,8 +47,8 @@ class CompositeLayer(LayerPositions):
                                                       q_positions_BxLq, k_positions_BxLk)
     return query_BxLqxHxK, key_BxLkxHxK
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    return _sum(c.logits(query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, s, scale)
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+    return _sum(c.logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, s, scale)
                 for c, s in zip(self.components, shared))
 
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):

@@ -84,7 +84,7 @@ class FireLayer(LayerPositions):
       return jnp.abs(self.threshold_multiplier * self.config.fire_threshold)
     return jnp.asarray(self.config.fire_threshold, jnp.float32)
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     inputs = fire_inputs(q_positions_BxLq, k_positions_BxLk, self.c, self.threshold())
     return fire_bias(inputs, self.hidden_kernel, self.hidden_bias, self.output_kernel, self.output_bias)
 

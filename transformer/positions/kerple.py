@@ -68,7 +68,7 @@ class _KerpleLayer(LayerPositions):
   def kernel(self, r1_H, r2_H, distance_Bx1xLqxLk):
     raise NotImplementedError
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     r1_H, r2_H = self.clamped()
     return self.kernel(r1_H, r2_H, kerple_distance(q_positions_BxLq, k_positions_BxLk, self.causal))
 

@@ -185,7 +185,7 @@ class Shaw(LayerPositions):
   def per_head_table(self, table_RxHxK):
     return jnp.broadcast_to(table_RxHxK, (table_RxHxK.shape[0], self.num_heads, self.head_dim))
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     clip, table = self.config.clip_distance, self.per_head_table(self.key_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     length_k = k_positions_BxLk.shape[1]

@@ -126,7 +126,7 @@ class T5Layer(LayerPositions):
     if not self.config.shared_across_layers:
       self.table = _bias_table(self)
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     if self.config.shared_across_layers:
       return shared
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)

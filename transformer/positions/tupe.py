@@ -105,7 +105,7 @@ class TupeStack(StackPositions):
 class TupeLayer(LayerPositions):
   """Adds the shared positional term and scales the content logits by 1/sqrt(2d)."""
 
-  def logits(self, query_BxLqxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     return shared
 
   def scale(self):
