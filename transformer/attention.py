@@ -241,6 +241,7 @@ class MultiHeadAttention(nn.Module):
 
       def values_term(weights_block, q_slice, k_slice):
         return positions.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
+    all_keys_at_once = positions is not None and positions.needs_all_keys()
     return blockwise_attention(query, key, value, block_size=self.block_size, mask=mask, scale=scale,
                                skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
-                               key_block_size=self.key_block_size or None, band=band)
+                               key_block_size=None if all_keys_at_once else self.key_block_size or None, band=band)

@@ -10,7 +10,8 @@ any of:
   prepare(context)                                               per-pass terms (TUPE's LN(p_i) U)
   rotate(vector, position, settings) -> vector                   a query or key of one head
   scale(head_dim) -> float                                       the logit scale
-  logit(context, i, j, q_i, k_j, h) -> float                     e_ij, the scale included
+  logit(context, i, j, q_i, k_j, h) -> float                     e_ij, the scale included; context.keys
+                                                                 holds every key of the head (CoPE's gates)
   value(context, i, j, v_j, h) -> vector                         the value vector key j gives query i
 """
 
@@ -62,6 +63,7 @@ def attention(kind: str, x: np.ndarray, params: dict, num_heads: int, causal: bo
       if hasattr(variant, 'rotate'):
         q_bh = np.stack([variant.rotate(q_bh[i], positions[i], settings) for i in range(length)])
         k_bh = np.stack([variant.rotate(k_bh[j], positions[j], settings) for j in range(length)])
+      context.keys = k_bh
       for i in range(length):
         allowed = [j for j in range(length) if not causal or j <= i]
         row = np.array([logit(context, i, j, q_bh[i], k_bh[j], h) for j in allowed])

@@ -17,6 +17,8 @@ variant, and never branches on the variant's name.
                                  a term added to the attention output         Shaw
     needs_weights()              values() reads the attention weights, so     Shaw
                                  attention must materialise them
+    needs_all_keys()             logits() reads all of a query's keys at      CoPE
+                                 once, so no key blocks
     scale()                      the logit scale (None: 1/sqrt(head_dim))    TUPE: 1/sqrt(2d)
     causal_band()                an object whose terms blockwise causal      Shaw
                                  attention may use on a band of keys only
@@ -125,6 +127,11 @@ class LayerPositions(nn.Module):
 
   def needs_weights(self) -> bool:
     """True when values() reads the attention weights (which a fused attention never forms)."""
+    return False
+
+  def needs_all_keys(self) -> bool:
+    """True when logits() must see every key a query attends to at once (CoPE's sums over the keys):
+    blockwise attention then gives each query block its keys in one block, never in key blocks."""
     return False
 
   def causal_band(self) -> Optional[Any]:

@@ -57,6 +57,9 @@ class CompositeLayer(LayerPositions):
   def needs_weights(self):
     return any(c.needs_weights() for c in self.components)
 
+  def needs_all_keys(self):
+    return any(c.needs_all_keys() for c in self.components)
+
   def scale(self):
     scales = {s for s in (c.scale() for c in self.components) if s is not None}
     if len(scales) > 1:
