@@ -1,6 +1,7 @@
 """Shared test helpers: tiny models, inputs, and a handle on a stack's embedded input."""
 
 import os
+import zlib
 import pathlib
 
 import flax.linen as nn
@@ -31,6 +32,17 @@ def tokens(batch: int, length: int, vocab: int = 32, seed: int = 0):
 
 def init(model, *args, **kwargs):
   return model.init(jax.random.PRNGKey(0), *args, **kwargs)
+
+
+def random_positions(variables, seed: int = 1, scale: float = 0.5):
+  """The variables with every parameter of a positional hook module ('position', 'cross_position') replaced
+  by noise: terms that start at zero (TUPE's [CLS] thetas, CoPE's position vectors) then count."""
+  def noise(path, leaf):
+    if not any('position' in str(getattr(entry, 'key', '')) for entry in path):
+      return leaf
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), zlib.crc32(jax.tree_util.keystr(path).encode()) % (2 ** 31))
+    return jax.random.normal(key, leaf.shape, leaf.dtype) * scale
+  return jax.tree_util.tree_map_with_path(noise, variables)
 
 
 def apply_with_stack_delta(model, params, delta_BxLxD, *args, causal_only: bool = True, **kwargs):

@@ -9,7 +9,7 @@ import pytest
 import transformer as T
 from transformer import attention
 from transformer.blockwise import blockwise_attention
-from tests.helpers import bidirectional, init, tiny, tokens
+from tests.helpers import bidirectional, init, random_positions, tiny, tokens
 
 
 def qkv(length_q=13, length_k=13, heads=2, width=8, seed=0):
@@ -123,7 +123,7 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   one_layer = dict(num_encoder_layers=1, num_decoder_layers=1)
   dense = T.DecoderOnly(tiny(kind, **one_layer))
   blocked = T.DecoderOnly(tiny(kind, attention_block_size=3, **one_layer))
-  params = init(dense, *decoder_args)
+  params = random_positions(init(dense, *decoder_args))
 
   def value_and_grad(model):
     return jax.jit(jax.value_and_grad(lambda p: jnp.sum(jnp.tanh(model.apply(p, *decoder_args)))))(params)
@@ -138,13 +138,13 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   if not bidirectional(kind):
     return  # causal only: no encoder to run in blocks
   encoder_args = (tokens(2, length),)
-  params_encoder = init(T.EncoderOnly(tiny(kind, **one_layer)), *encoder_args)
+  params_encoder = random_positions(init(T.EncoderOnly(tiny(kind, **one_layer)), *encoder_args))
   for make, args, blockwise_layers in (
       (lambda **c: T.EncoderOnly(tiny(kind, **one_layer, **c)), (tokens(2, length),), 1),
       (lambda **c: T.EncoderDecoder(tiny(kind, aligned_cross_attention=True, **one_layer, **c)),
        (tokens(2, length), tokens(2, length, seed=1)), 3)):
     dense, blocked = make(), make(attention_block_size=3, attention_key_block_size=4)
-    params = init(dense, *args)
+    params = random_positions(init(dense, *args))
     calls.clear()
     blocked_outputs = jax.jit(blocked.apply)(params, *args)
     assert len(calls) == blockwise_layers, (kind, type(dense).__name__, len(calls))

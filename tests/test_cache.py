@@ -8,7 +8,7 @@ import pytest
 
 import transformer as T
 from transformer import models
-from tests.helpers import bidirectional, init, tiny, tokens
+from tests.helpers import bidirectional, init, random_positions, tiny, tokens
 
 CHUNKS = (2, 1, 1, 3)  # a prompt of two tokens at once, then single tokens, then three at once
 
@@ -35,14 +35,14 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
     config = tiny(kind, norm='post', attention_block_size=4)
     model = T.EncoderDecoder(config)
     source_valid = jnp.ones_like(source).at[1, 3:].set(0)
-    params = init(model, source, target, source_valid_BxLs=source_valid)
+    params = random_positions(init(model, source, target, source_valid_BxLs=source_valid))
     whole = model.apply(params, source, target, source_valid_BxLs=source_valid)
     memory = model.apply(params, source, source_valid_BxLs=source_valid, method='encode')
     cache, run = models._cached_decoder(model, params, memory, source_valid, 2, length)  # pylint: disable=protected-access
     np.testing.assert_allclose(_fed_in_chunks(run, cache, target), whole, atol=2e-5, rtol=1e-5)
 
   decoder_only = T.DecoderOnly(tiny(kind, attention_block_size=4, attention_key_block_size=4))
-  params = init(decoder_only, target)
+  params = random_positions(init(decoder_only, target))
 
   def run_decoder_only(cache, tokens_BxS):
     variables = params if cache is None else {**params, 'cache': cache}

@@ -6,7 +6,7 @@ import pytest
 
 import transformer as T
 from transformer import attention
-from tests.helpers import assert_causal, bidirectional, init, tiny, tokens
+from tests.helpers import assert_causal, bidirectional, init, random_positions, tiny, tokens
 
 L = 6
 
@@ -60,14 +60,14 @@ def test_padding_does_not_change_unpadded_outputs(kind):
   target_valid = jnp.arange(6)[None] < jnp.array([[4], [4]])
 
   decoder_only = T.DecoderOnly(config)
-  params = init(decoder_only, padded_target)
+  params = random_positions(init(decoder_only, padded_target))
   np.testing.assert_allclose(decoder_only.apply(params, padded_target, valid_BxL=target_valid)[:, :4],
                              decoder_only.apply(params, target), atol=1e-5)
   if not bidirectional(kind):
     return  # causal only: no encoder
 
   encoder_decoder = T.EncoderDecoder(config)
-  params = init(encoder_decoder, padded_source, padded_target)
+  params = random_positions(init(encoder_decoder, padded_source, padded_target))
   plain = encoder_decoder.apply(params, source, target)
   padded = encoder_decoder.apply(params, padded_source, padded_target, source_valid_BxLs=source_valid,
                                  target_valid_BxLt=target_valid)
@@ -75,13 +75,13 @@ def test_padding_does_not_change_unpadded_outputs(kind):
 
   encoder = T.TransformerStack(config, 2, causal=False)
   embedded = jax.random.normal(jax.random.PRNGKey(0), (2, 8, config.model_dim))
-  params = encoder.init(jax.random.PRNGKey(1), embedded)
+  params = random_positions(encoder.init(jax.random.PRNGKey(1), embedded))
   np.testing.assert_allclose(encoder.apply(params, embedded, valid_BxL=source_valid)[:, :5],
                              encoder.apply(params, embedded[:, :5]), atol=1e-5)
 
   for pooling in ('mean', 'last'):
     classifier = T.EncoderOnly(config.replace(pooling=pooling))
-    params = init(classifier, padded_source)
+    params = random_positions(init(classifier, padded_source))
     np.testing.assert_allclose(classifier.apply(params, padded_source, valid_BxL=source_valid),
                                classifier.apply(params, source), atol=1e-5, err_msg=pooling)
 
@@ -225,7 +225,7 @@ def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch
          0 if shaw else 6),
         (T.EncoderOnly(tiny(kind)), (tokens(2, 7),), 0 if shaw else 2)]
   for model, args, fusable in cases:
-    params = init(model, *args)
+    params = random_positions(init(model, *args))
     calls.clear()
     fused = model.apply(params, *args)
     assert len(calls) == fusable, (kind, type(model).__name__, len(calls))
