@@ -112,7 +112,8 @@ def test_a_masked_first_key_block_leaves_no_trace_in_outputs_values_terms_or_gra
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monkeypatch):
   """Against the same parameters without blocks, one layer, blocks of 3 queries over 7 positions:
-  decoder-only (causal, later keys skipped, keys all at once): outputs and gradients; encoder-only
+  decoder-only (causal, later keys skipped, keys all at once): outputs and gradients, and with the
+  online softmax over keys 2 at a time: outputs; encoder-only
   with [CLS] (TUPE's reset falls in the first block) and the aligned encoder-decoder, both through
   the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path."""
   calls = []
@@ -134,6 +135,11 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   np.testing.assert_allclose(blocked_value, dense_value, rtol=1e-5, atol=1e-5)
   for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)  # float32, another summation order
+  calls.clear()
+  key_blocks = T.DecoderOnly(tiny(kind, attention_block_size=3, attention_key_block_size=2, **one_layer))
+  np.testing.assert_allclose(jax.jit(key_blocks.apply)(params, *decoder_args),
+                             jax.jit(dense.apply)(params, *decoder_args), atol=2e-5, rtol=1e-5)
+  assert len(calls) == 1
 
   if not bidirectional(kind):
     return  # causal only: no encoder to run in blocks
