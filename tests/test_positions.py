@@ -83,7 +83,8 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
     ('rope', {'rope_base': 500.0}), ('sinusoidal', {'sinusoidal_base': 100.0}),
     ('fire', {'fire_learn_threshold': True, 'fire_threshold': 3.0}),
     ('xpos', {'xpos_scale_base': 4.0, 'xpos_center': 2, 'rope_base': 500.0}),
-    ('p_rope', {'rotary_fraction': 1.0}), ('transformer_xl', {'shared_across_layers': False})]
+    ('p_rope', {'rotary_fraction': 1.0}), ('transformer_xl', {'shared_across_layers': False}),
+    ('cope', {'max_positions': 3})]
 
 
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))
