@@ -102,7 +102,7 @@ def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
 @pytest.mark.parametrize('kind', ALL)
 def test_shift_invariant_exactly_where_the_variant_claims_it(kind, causal):
   """Positions shifted by 37: the same outputs for a variant that claims shift invariance
-  (Variant.shift_invariant), different ones for every other: the test fails both ways. A claim that
+  (Variant.shift_invariant, or its settings' claim), different ones for every other: the test fails both ways. A claim that
   ends at a position (Settings.shift_invariant_below) must also fail beyond it."""
   if _run(kind, causal) is None:
     return  # refused, as checked
@@ -110,7 +110,7 @@ def test_shift_invariant_exactly_where_the_variant_claims_it(kind, causal):
   limit = config.position.settings.shift_invariant_below()
   assert limit is None or limit > 37 + L, (kind, limit)  # the settings of _config keep the shift within it
   same = np.allclose(module.apply(params, x), module.apply(params, x, offset=37), atol=1e-5)
-  assert same == T.VARIANTS[kind].shift_invariant, (kind, same)
+  assert same == config.position.shift_invariant, (kind, same)
   if limit is not None:
     beyond = np.allclose(module.apply(params, x, offset=limit), module.apply(params, x, offset=limit + 37), atol=1e-5)
     assert not beyond, (kind, limit)

@@ -18,10 +18,11 @@ from transformer.masks import causal_mask, cross_attention_mask, self_attention_
 from transformer.positions.base import Shared
 
 
-def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool) -> dict:
+def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, **layer) -> dict:
+  """The fields of a stack's hooks; a layer's also get its layer_index."""
   config.position.check_attention(config.num_heads, config.head_dim, causal)
   return dict(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
-              model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls)
+              model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls, **layer)
 
 
 class _Residual(nn.Module):
@@ -46,6 +47,7 @@ class TransformerLayer(nn.Module):
   cross_attention: bool = False
   has_cls: bool = False
   deterministic: bool = True  # no dropout (an attribute, not an argument: nn.remat traces every argument)
+  layer_index: int = 0  # this layer's place in its stack (0 first), for its position hooks
 
   @nn.compact
   def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
@@ -60,7 +62,8 @@ class TransformerLayer(nn.Module):
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = config.position.variant.layer(
-        **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
+        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
+        name='position')
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, name='self_attention')
     x_BxLxD = _Residual(config, name='self_attention_residual')(
@@ -71,7 +74,7 @@ class TransformerLayer(nn.Module):
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                  config.attention_key_block_size, name='cross_attention')
       cross_hooks = config.position.variant.layer(
-          **_hook_fields(config, self.num_layers, self.causal, self.has_cls),
+          **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
           name='cross_position') if config.aligned_cross_attention else None
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
           x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, positions=cross_hooks,
@@ -148,7 +151,7 @@ class TransformerStack(nn.Module):
                                                 cache_index=cache_index)
     for index in range(self.num_layers):
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
-                         deterministic=deterministic, name=f'layer_{index}')
+                         deterministic=deterministic, layer_index=index, name=f'layer_{index}')
       x_BxLxD = layer(x_BxLxD, self_mask=self_mask, positions_1xL=positions_1xL, shared=shared,
                       memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step)
     if config.norm == 'pre':

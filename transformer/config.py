@@ -37,6 +37,13 @@ class PositionConfig:
   def variant(self) -> Variant:
     return VARIANTS[self.kind]
 
+  @property
+  def shift_invariant(self) -> bool:
+    """Whether these settings of the variant claim shift invariance (Variant.shift_invariant, unless the
+    settings decide it)."""
+    claim = self.settings.shift_invariant_claim()
+    return self.variant.shift_invariant if claim is None else claim
+
   def check_attention(self, num_heads: int, head_dim: int, causal: bool) -> None:
     """ValueError for an attention this variant cannot serve: bidirectional for a causal-only variant,
     then the variant's own shape rules (Settings.check_attention)."""

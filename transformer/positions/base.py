@@ -70,6 +70,11 @@ class Settings:
     """The longest sequence the variant can represent; None: any length (it extrapolates)."""
     return None
 
+  def shift_invariant_claim(self) -> Optional[bool]:
+    """The claim of shift invariance when it depends on the settings (a pattern of variants by layer);
+    None: the variant's own (Variant.shift_invariant)."""
+    return None
+
   def shift_invariant_below(self) -> Optional[int]:
     """Where the variant's claim of shift invariance (Variant.shift_invariant) ends: it holds while every
     position is below this; None: at every position."""
@@ -104,6 +109,7 @@ class LayerPositions(nn.Module):
   num_layers: int
   causal: bool
   has_cls: bool = False
+  layer_index: int = 0  # which self-attention layer of its stack (0 first): a pattern by layer reads it
 
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     del q_positions_BxLq, k_positions_BxLk
@@ -143,8 +149,8 @@ class LayerPositions(nn.Module):
 
 def module_fields(module: nn.Module) -> dict:
   """The interface fields of a hooks module, to build a sibling or a part with the same ones."""
-  return {f.name: getattr(module, f.name) for f in dataclasses.fields(StackPositions)
-          if f.name not in ('parent', 'name')}
+  interface = LayerPositions if isinstance(module, LayerPositions) else StackPositions
+  return {f.name: getattr(module, f.name) for f in dataclasses.fields(interface) if f.name not in ('parent', 'name')}
 
 
 def relative_positions(q_positions_BxLq: chex.Array, k_positions_BxLk: chex.Array) -> chex.Array:
