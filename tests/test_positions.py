@@ -84,7 +84,8 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
     ('fire', {'fire_learn_threshold': True, 'fire_threshold': 3.0}),
     ('xpos', {'xpos_scale_base': 4.0, 'xpos_center': 2, 'rope_base': 500.0}),
     ('p_rope', {'rotary_fraction': 1.0}), ('transformer_xl', {'shared_across_layers': False}),
-    ('cope', {'max_positions': 3})]
+    ('cope', {'max_positions': 3}), ('layer_pattern', {'layer_pattern': 'tupe_a,rope'}),
+    ('layer_pattern', {'layer_pattern': 'shaw'}), ('layer_pattern', {'layer_pattern': 't5'})]
 
 
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))

@@ -1,0 +1,118 @@
+"""A pattern of variants by layer: layer n of a stack takes the hooks of kinds[n mod len(kinds)], e.g.
+'rope,rope,rope,none' for RoPE in three layers of four and none in the fourth, as Llama 4 interleaves
+RoPE layers with NoPE ones (and Command A sliding-window RoPE layers with global NoPE ones; this
+library has no sliding window).
+
+Any variant without an embedding hook may appear (those that add to the token embeddings act once per
+stack, not per layer). The stack builds each kind's stack hooks once, so shared terms (ALiBi's bias,
+TUPE's positional term, a shared T5 table) are computed once per pass and handed to the layers of
+their kind. The settings hold `layer_pattern` and every setting of every such variant (their
+defaults), each kind reading its own. The pattern claims shift invariance when every kind in it does,
+extrapolates as far as its shortest part, and serves an encoder only if every kind in it does.
+"""
+
+import dataclasses
+from typing import Optional
+
+from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, module_fields, require
+
+DEFAULT_PATTERN = 'rope,rope,rope,none'
+
+
+def pattern_variant(table: dict[str, Variant]) -> Variant:
+  """The layer_pattern variant over the variants of `table` that have no embedding hook."""
+  parts = {kind: variant for kind, variant in table.items() if variant.stack.embed is StackPositions.embed}
+  fields, seen = [('layer_pattern', str, dataclasses.field(default=DEFAULT_PATTERN))], {}
+  for kind, variant in parts.items():
+    for field in dataclasses.fields(variant.settings):
+      if field.name in seen:
+        if seen[field.name] != (field.type, field.default):
+          raise TypeError(f'{kind}.{field.name} differs from another variant\'s setting of that name')
+        continue
+      seen[field.name] = (field.type, field.default)
+      fields.append((field.name, field.type, dataclasses.field(default=field.default)))
+
+  def kinds(self) -> tuple[str, ...]:
+    """The kind of each layer in the cycle."""
+    return tuple(kind.strip() for kind in self.layer_pattern.split(','))
+
+  def part(self, kind: str) -> Settings:
+    """The settings of one kind of the pattern."""
+    variant = parts[kind]
+    return variant.settings(**{name: getattr(self, name) for name in variant.setting_names()})
+
+  def distinct(self) -> list[str]:
+    return list(dict.fromkeys(self.kinds()))
+
+  def check(self):
+    valid = (f'a comma-separated list of kinds, one per layer (repeated over the stack), from '
+             f'{", ".join(parts)} (variants that add to the embeddings cannot be placed by layer)')
+    require(all(kind in parts for kind in self.kinds()), 'position.layer_pattern', self.layer_pattern, valid)
+    for kind in self.distinct():
+      self.part(kind)  # runs that kind's checks
+
+  def check_attention(self, num_heads, head_dim, causal):
+    for kind in self.distinct():
+      require(causal or not parts[kind].causal_only, 'position.layer_pattern', self.layer_pattern,
+              f'in bidirectional attention (an encoder) kinds that are not causal only; {kind} is')
+      self.part(kind).check_attention(num_heads, head_dim, causal)
+
+  def longest_sequence(self) -> Optional[int]:
+    limits = [self.part(kind).longest_sequence() for kind in self.distinct()]
+    return min((limit for limit in limits if limit is not None), default=None)
+
+  def shift_invariant_claim(self) -> bool:
+    return all(parts[kind].shift_invariant for kind in self.distinct())
+
+  def shift_invariant_below(self) -> Optional[int]:
+    limits = [self.part(kind).shift_invariant_below() for kind in self.distinct()]
+    return min((limit for limit in limits if limit is not None), default=None)
+
+  settings = dataclasses.make_dataclass(
+      'LayerPatternSettings', fields, bases=(Settings,), frozen=True,
+      namespace=dict(kinds=kinds, part=part, distinct=distinct, check=check, check_attention=check_attention,
+                     longest_sequence=longest_sequence, shift_invariant_claim=shift_invariant_claim,
+                     shift_invariant_below=shift_invariant_below))
+
+  class PatternStack(StackPositions):
+    """Each kind's stack hooks, once; shared terms by kind."""
+
+    def setup(self):
+      fields = module_fields(self)
+      self.parts = {kind: parts[kind].stack(**dict(fields, config=self.config.part(kind)))
+                    for kind in self.config.distinct()}
+
+    def shared(self, q_positions_BxLq, k_positions_BxLk):
+      return {kind: stack.shared(q_positions_BxLq, k_positions_BxLk) for kind, stack in self.parts.items()}
+
+  class PatternLayer(LayerPositions):
+    """The hooks of this layer's kind, with that kind's shared terms."""
+
+    def setup(self):
+      kinds = self.config.kinds()
+      self.kind = kinds[self.layer_index % len(kinds)]
+      self.part = parts[self.kind].layer(**dict(module_fields(self), config=self.config.part(self.kind)))
+
+    def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+      return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk)
+
+    def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+      return self.part.logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared[self.kind],
+                              scale)
+
+    def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
+      return self.part.values(weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk)
+
+    def scale(self):
+      return self.part.scale()
+
+    def needs_weights(self):
+      return self.part.needs_weights()
+
+    def needs_all_keys(self):
+      return self.part.needs_all_keys()
+
+    def causal_band(self):
+      return self.part.causal_band()
+
+  return Variant(PatternStack, PatternLayer, 'a pattern by layer (Llama 4, Command A)', settings, shift_invariant=True)
