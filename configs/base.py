@@ -39,6 +39,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
   config.model.attention_block_size = 128  # causal attention 128 queries at a time, later keys skipped; 0: one softmax
   config.model.attention_key_block_size = 0  # with blocks: keys per online-softmax block; 0: all at once
+  config.model.randomized_max_length = 0  # > 0: positions a sorted random subset of [0, this) (Ruoss et al. 2023),
+  #                                        drawn per training step and fixed in evaluation; 0: 0 .. L-1
   config.model.pooling = 'cls'         # encoder-only: a learned [CLS] token ('cls'), the last valid position ('last') or the mean ('mean')
 
   config.model.position = ml_collections.ConfigDict()

@@ -140,3 +140,19 @@ def test_a_record_from_before_per_variant_settings_reads_as_its_kinds_own(tmp_pa
   (tmp_path / 'config.json').write_text(json.dumps(record))
   assert run_record.stored_config(str(tmp_path))['model']['position'] == {
       'kind': 'shaw', 'clip_distance': 3, 'per_head': False}
+
+
+def test_a_record_from_before_a_field_existed_reads_as_the_value_it_ran_with(tmp_path):
+  """model.randomized_max_length came after records were written; a run without it ran with 0 (plain
+  positions), so it resumes and is reused by a sweep under the current code, while a record that has
+  the field keeps its own value."""
+  experiment = smoke_experiment()
+  requested = settings.to_dict(experiment)
+  old = json.loads(json.dumps(requested))
+  del old['model']['randomized_max_length']
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  assert run_record.differences(run_record.stored_config(str(tmp_path)), requested) == {}
+  old['model']['randomized_max_length'] = 64
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  assert run_record.differences(run_record.stored_config(str(tmp_path)), requested) == {
+      'model.randomized_max_length': (64, 0)}

@@ -8,6 +8,7 @@ from typing import Optional
 
 import chex
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,6 +17,7 @@ from transformer.config import ModelConfig
 from transformer.layers import Dropout, FeedForward, LayerNorm
 from transformer.masks import causal_mask, cross_attention_mask, self_attention_mask
 from transformer.positions.base import Shared
+from transformer.positions.randomized import randomized_positions
 
 
 def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, **layer) -> dict:
@@ -110,6 +112,8 @@ class TransformerStack(nn.Module):
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
     positions_1xL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
+    if config.randomized_max_length:
+      positions_1xL = self._randomized(length, valid_BxL)
     key_positions_1xT, cache_index = positions_1xL, None
     if use_cache:
       if not self.causal:
@@ -122,8 +126,12 @@ class TransformerStack(nn.Module):
           raise ValueError('valid_BxL: padding inside the decoded tokens is not supported with use_cache; '
                            'valid: None')
         cache_index = next_index.value
-        positions_1xL = cache_index + positions_1xL  # traced: the hooks take their gathering paths
-        key_positions_1xT = np.arange(slots.value.shape[1], dtype=np.int32)[None]
+        if config.randomized_max_length:  # the positions drawn for the whole capacity by the first call
+          positions_1xL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
+          key_positions_1xT = slots.value
+        else:
+          positions_1xL = cache_index + positions_1xL  # traced: the hooks take their gathering paths
+          key_positions_1xT = np.arange(slots.value.shape[1], dtype=np.int32)[None]
         next_index.value = cache_index + length
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
@@ -158,3 +166,9 @@ class TransformerStack(nn.Module):
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _randomized(self, length: int, valid_BxL: Optional[chex.Array]) -> chex.Array:
+    """Randomized positions, from the 'positions' rng; without one (decoding, a tool that passes none),
+    from PRNGKey(0), so the same call gives the same positions."""
+    key = self.make_rng('positions') if self.has_rng('positions') else jax.random.PRNGKey(0)
+    return randomized_positions(key, length, self.config.randomized_max_length, valid_BxL)

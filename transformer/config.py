@@ -87,12 +87,14 @@ class ModelConfig:
   #                                    (bidirectional too: memory bounded by the blocks); 0: all keys at once
   aligned_cross_attention: bool = False  # encoder-decoder with source and target aligned position by
   #                                    position (SAINT): cross-attention is causal and gets the variant's hooks
+  randomized_max_length: int = 0     # > 0: positions are a sorted random subset of [0, this) (Ruoss et al.
+  #                                    2023; positions/randomized.py), from the 'positions' rng; 0: 0 .. L-1
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
       require(getattr(self, name) > 0, name, getattr(self, name), 'a positive integer')
     for name in ('num_encoder_layers', 'num_decoder_layers', 'input_features', 'attention_block_size',
-                 'attention_key_block_size'):
+                 'attention_key_block_size', 'randomized_max_length'):
       require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
     require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
              f'a divisor of model_dim={self.model_dim}')
@@ -103,6 +105,10 @@ class ModelConfig:
     require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
     require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))
     require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
+    rows = self.position.settings.longest_sequence()
+    require(rows is None or self.randomized_max_length <= rows, 'randomized_max_length', self.randomized_max_length,
+            f'0 (off) or at most position.max_length={rows}, the rows of the {self.position.kind} table that '
+            f'randomized positions index')
 
   @property
   def dtype(self):

@@ -20,6 +20,10 @@ CONFIG_FILE = 'config.json'
 CHANGES_FILE = 'config_changes.jsonl'
 SUMMARY_FILE = 'summary.json'
 
+# Fields added after records were written, with the value every run had before the field existed: a
+# record without one ran with that value, so it is read as having it.
+ADDED_FIELDS = {'model.randomized_max_length': 0}
+
 # Fields a restart may change, and why each leaves what the run has computed so far valid.
 RESUMABLE_FIELDS = {
     'train.steps': 'a longer run continues the same trajectory (only larger values; not with warmup_cosine, '
@@ -86,6 +90,10 @@ def stored_config(workdir: str) -> Optional[dict]:
         if line.strip():
           for name, (_, new) in json.loads(line)['changes'].items():
             _set(config, name, new)
+  flat = flatten(config)
+  for name, value in ADDED_FIELDS.items():
+    if name not in flat:
+      _set(config, name, value)
   return _own_position_settings(config)
 
 

@@ -194,6 +194,10 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     except ValueError as error:
       raise ConfigError(f'model.{error} (model.position.kind={position.kind}, {task.model_kind})') from None
   longest = max(task_object.sequence_length(n) for n in (task.max_length, *task.eval_lengths))
+  if model.randomized_max_length and model.randomized_max_length < longest:
+    raise ConfigError(f'model.randomized_max_length: got {model.randomized_max_length}; valid: 0 (off) or at least '
+                      f'{longest}, the longest sequence of task.max_length={task.max_length} and '
+                      f'task.eval_lengths={task.eval_lengths} (positions are drawn from [0, randomized_max_length))')
   rows = position_table_length(model)
   if rows is not None and longest > rows:
     raise ConfigError(f'model.position.max_length: got {rows}; valid: at least {longest}, the longest '
@@ -203,11 +207,14 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
 
 
 def evaluation_width_cap(experiment: Experiment) -> Optional[int]:
-  """The widest a batch (axis 1) may be padded to in evaluation, when a learned table limits it: its
-  rows, less the [CLS] token an encoder-only model puts in front of the batch."""
-  rows = position_table_length(experiment.model)
-  if rows is None:
+  """The widest a batch (axis 1) may be padded to in evaluation, when a learned table or randomized
+  positions limit it: the table's rows or randomized_max_length, less the [CLS] token an encoder-only
+  model puts in front of the batch."""
+  limits = [limit for limit in (position_table_length(experiment.model), experiment.model.randomized_max_length)
+            if limit]
+  if not limits:
     return None
+  rows = min(limits)
   prepends_cls = experiment.task.model_kind == 'encoder_only' and experiment.model.pooling == 'cls'
   return rows - 1 if prepends_cls else rows
 

@@ -54,9 +54,11 @@ def create_train_state(experiment: Experiment, model: nn.Module, task: Task) -> 
   return TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(experiment.train))
 
 
-def _forward_sums(params, batch, *, model, task, label_smoothing, dropout_key, deterministic):
+def _forward_sums(params, batch, *, model, task, label_smoothing, dropout_key, deterministic, positions_key=None):
   args, kwargs = task.model_inputs(batch)
   rngs = {} if deterministic else {'dropout': dropout_key}
+  if positions_key is not None:
+    rngs['positions'] = positions_key
   logits = model.apply({'params': params}, *args, deterministic=deterministic, rngs=rngs, **kwargs)
   return task.loss_and_metrics(logits, batch, label_smoothing)
 
@@ -65,14 +67,21 @@ def train_step(state: TrainState, batch: dict, seed, *, model, task, experiment:
                axis_name: Optional[str] = None) -> tuple[TrainState, dict[str, Any]]:
   """One optimisation step of the run with this seed (an argument, not experiment.seed, so that one
   program can step several seeds' replicas: experiments/runs/replicas.py). Dropout's key is
-  fold_in(PRNGKey(seed + 1), step). With axis_name (pmap), sums and gradients are psum-ed over devices."""
+  fold_in(PRNGKey(seed + 1), step). With axis_name (pmap), sums and gradients are psum-ed over devices.
+  Randomized positions (model.randomized_max_length) are drawn from fold_in(fold_in(PRNGKey(seed), 1), step),
+  the same on every device (one subset per global batch); evaluation passes no key, so the model draws
+  them from PRNGKey(0): every run is evaluated on the same positions."""
   dropout_key = jax.random.fold_in(jax.random.PRNGKey(seed + 1), state.step)
+  positions_key = None
+  if experiment.model.randomized_max_length:
+    positions_key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), 1), state.step)
   if axis_name is not None:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
   reduce = (lambda x: jax.lax.psum(x, axis_name)) if axis_name is not None else (lambda x: x)
   deterministic = experiment.model.dropout_rate == 0.0 and experiment.model.attention_dropout_rate == 0.0
   forward = functools.partial(_forward_sums, model=model, task=task, dropout_key=dropout_key,
-                              label_smoothing=experiment.train.label_smoothing, deterministic=deterministic)
+                              label_smoothing=experiment.train.label_smoothing, deterministic=deterministic,
+                              positions_key=positions_key)
 
   def objective(params):
     sums = forward(params, batch)

@@ -10,6 +10,7 @@ from transformer.positions.learned import Learned
 from transformer.positions.rope import Rope, rotate
 from transformer.positions.shaw import Shaw, shaw_buckets, shaw_logits, shaw_values
 from transformer.positions.sinusoidal import Sinusoidal, sinusoidal_encoding, sinusoidal_table
+from transformer.positions.randomized import randomized_positions
 from transformer.positions.t5 import T5Layer, T5Stack, t5_bias, t5_bucket
 from transformer.positions.tupe import TupeLayer, TupeStack, reset_cls, tupe_scale, untied_position_term
 
