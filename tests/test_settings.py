@@ -151,4 +151,5 @@ def test_a_causal_only_variant_is_refused_for_every_bidirectional_stack_and_left
       settings.from_config_dict(with_overrides(smoke.get_config(), dict(overrides, **{'task.model_kind': model_kind})), 8)
   assert 'causal_none' in compare.variants_from_flag('all', bidirectional=False)
   assert 'causal_none' not in compare.variants_from_flag('all', bidirectional=True)
-  assert compare.variants_from_flag('all', bidirectional=True) == [k for k in transformer.VARIANTS if k != 'causal_none']
+  assert compare.variants_from_flag('all', bidirectional=True) == [
+      kind for kind, variant in transformer.VARIANTS.items() if not variant.causal_only]

@@ -63,8 +63,12 @@ def flatten(tree: dict, prefix: str = '') -> dict:
 
 
 def differences(stored: dict, requested: dict) -> dict:
-  """{field: (stored value, requested value)} for every field that differs; absent fields are None."""
+  """{field: (stored value, requested value)} for every field that differs; absent fields are None, but
+  a field of ADDED_FIELDS absent from a configuration reads as the value runs had before it existed."""
   old, new = flatten(canonical(stored)), flatten(canonical(requested))
+  for flat in (old, new):
+    for name, value in ADDED_FIELDS.items():
+      flat.setdefault(name, value)
   return {name: (old.get(name), new.get(name)) for name in sorted(set(old) | set(new))
           if old.get(name) != new.get(name) or (name in old) != (name in new)}
 
@@ -90,10 +94,6 @@ def stored_config(workdir: str) -> Optional[dict]:
         if line.strip():
           for name, (_, new) in json.loads(line)['changes'].items():
             _set(config, name, new)
-  flat = flatten(config)
-  for name, value in ADDED_FIELDS.items():
-    if name not in flat:
-      _set(config, name, value)
   return _own_position_settings(config)
 
 
