@@ -112,8 +112,8 @@ def test_a_masked_first_key_block_leaves_no_trace_in_outputs_values_terms_or_gra
 @pytest.mark.parametrize('kind', sorted(T.VARIANTS))
 def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monkeypatch):
   """Against the same parameters without blocks, one layer, blocks of 3 queries over 7 positions:
-  decoder-only (causal, later keys skipped, keys all at once): outputs and gradients, and with the
-  online softmax over keys 2 at a time: outputs; encoder-only
+  decoder-only (causal, later keys skipped, keys all at once): outputs and gradients, and at other
+  block sizes (1, 2, 3, 6 queries; keys all at once or 1, 2, 5 at a time): outputs; encoder-only
   with [CLS] (TUPE's reset falls in the first block) and the aligned encoder-decoder, both through
   the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path."""
   calls = []
@@ -136,10 +136,13 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)  # float32, another summation order
   calls.clear()
-  key_blocks = T.DecoderOnly(tiny(kind, attention_block_size=3, attention_key_block_size=2, **one_layer))
-  np.testing.assert_allclose(jax.jit(key_blocks.apply)(params, *decoder_args),
-                             jax.jit(dense.apply)(params, *decoder_args), atol=2e-5, rtol=1e-5)
-  assert len(calls) == 1
+  dense_outputs = jax.jit(dense.apply)(params, *decoder_args)
+  for block_size, key_block_size in ((3, 2), (1, 0), (2, 5), (6, 1)):
+    key_blocks = T.DecoderOnly(tiny(kind, attention_block_size=block_size, attention_key_block_size=key_block_size,
+                                    **one_layer))
+    np.testing.assert_allclose(jax.jit(key_blocks.apply)(params, *decoder_args), dense_outputs, atol=2e-5, rtol=1e-5,
+                               err_msg=f'blocks of {block_size}, key blocks of {key_block_size}')
+  assert len(calls) == 4
 
   if not bidirectional(kind):
     return  # causal only: no encoder to run in blocks

@@ -14,7 +14,7 @@ import transformer as T
 from tests import transcriptions
 from tests.transcriptions import sinusoidal as sinusoidal_transcription
 from tests.transcriptions import t5 as t5_transcription
-from tests.helpers import assert_causal, bidirectional, init, own_settings, tiny, tokens
+from tests.helpers import assert_causal, bidirectional, init, own_settings, random_positions, tiny, tokens
 from transformer.positions import base as position_base
 
 ALL = sorted(T.VARIANTS)
@@ -285,6 +285,17 @@ def test_decoder_only_stays_causal(kind):
   x = tokens(1, 6)
   params = {'params': _randomise(init(model, x)['params'])}
   assert_causal(model, params, (x,), 6, config.model_dim)
+
+
+@pytest.mark.parametrize('kind', ALL)
+def test_jit_gives_the_outputs_of_eager_execution(kind):
+  """Each variant's decoder-only model (and encoder-only, where it serves encoders) jitted and not, with
+  the hooks' parameters randomised: the same outputs."""
+  x = tokens(2, 6)
+  models = [T.DecoderOnly(tiny(kind))] + ([T.EncoderOnly(tiny(kind))] if bidirectional(kind) else [])
+  for model in models:
+    params = random_positions(init(model, x))
+    np.testing.assert_allclose(jax.jit(model.apply)(params, x), model.apply(params, x), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
