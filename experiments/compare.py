@@ -44,6 +44,7 @@ from absl import flags, logging
 from experiments.shared import cli, signals
 from experiments.sweeps import results, slurm
 from experiments.sweeps.programs import programs
+from experiments.sweeps.variants import variants_from_flag
 from experiments.runs import run_record
 
 _CONFIG = cli.define_config_flag('Experiment config file.')
@@ -64,20 +65,6 @@ _REFERENCE = flags.DEFINE_string('reference', None, 'A row of the sweep (e.g. no
                                  'compared with, seed by seed: each difference marked significant or not.')
 RECURRENT_BASELINES = ('lstm', 'rnn')  # values of model.architecture
 SET_BY_THE_SWEEP = {'seed': '--seeds', 'model.position.kind': '--positions', 'model.architecture': '--baselines'}
-
-
-def variants_from_flag(value: str, bidirectional: bool = False) -> list[str]:
-  """The variants --positions names; 'all': every variant the model can take (with a bidirectional
-  stack, every variant that is not causal only)."""
-  import transformer  # pylint: disable=g-import-not-at-top
-  if value == 'all':
-    return [kind for kind, variant in transformer.VARIANTS.items() if not (bidirectional and variant.causal_only)]
-  chosen = [v.strip() for v in value.split(',') if v.strip()]
-  unknown = [v for v in chosen if v not in transformer.VARIANTS]
-  if unknown or not chosen or len(set(chosen)) < len(chosen):
-    raise ValueError(f'--positions: got {value!r}; valid: all, or a comma-separated list (each once) of '
-                     f'{", ".join(transformer.VARIANTS)}')
-  return chosen
 
 
 def baselines_from_flag(value: str) -> list[str]:

@@ -131,7 +131,7 @@ def test_a_causal_only_variant_is_refused_for_every_bidirectional_stack_and_left
   """A variant that declares causal_only: refused, naming the kind and the valid ones, by the library
   (an encoder's hooks) and by the run's settings (an encoder-decoder task, not
   decoder-only); compare --positions=all leaves it out of a sweep whose model has an encoder."""
-  from experiments import compare  # pylint: disable=g-import-not-at-top
+  from experiments.sweeps import variants  # pylint: disable=g-import-not-at-top
   none = transformer.VARIANTS['none']
   monkeypatch.setitem(transformer.VARIANTS, 'causal_none', transformer.positions.Variant(
       none.stack, none.layer, 'a test', causal_only=True))
@@ -149,7 +149,7 @@ def test_a_causal_only_variant_is_refused_for_every_bidirectional_stack_and_left
     with pytest.raises(settings.ConfigError, match=f"^model.position.kind: got 'causal_none'.*causal only "
                                                    rf'\(model.position.kind=causal_none, {model_kind}\)$'):
       settings.from_config_dict(with_overrides(smoke.get_config(), dict(overrides, **{'task.model_kind': model_kind})), 8)
-  assert 'causal_none' in compare.variants_from_flag('all', bidirectional=False)
-  assert 'causal_none' not in compare.variants_from_flag('all', bidirectional=True)
-  assert compare.variants_from_flag('all', bidirectional=True) == [
+  assert 'causal_none' in variants.variants_from_flag('all', bidirectional=False)
+  assert 'causal_none' not in variants.variants_from_flag('all', bidirectional=True)
+  assert variants.variants_from_flag('all', bidirectional=True) == [
       kind for kind, variant in transformer.VARIANTS.items() if not variant.causal_only]
