@@ -213,3 +213,8 @@ def test_the_table_refuses_a_run_of_another_configuration_and_names_damaged_metr
   (tmp_path / 'none-seed0' / 'metrics.jsonl').write_text('{"step": 5, "spl\n' + record)
   with pytest.raises(results.ResultsError, match='none-seed0/metrics.jsonl: line 1 is not a JSON record'):
     results.aggregate(str(tmp_path), ['none'], 1)
+
+
+def test_every_row_of_a_sweep_of_up_to_twenty_variants_is_drawn_its_own_way():
+  styles = [tuple(sorted(results.line_style(index).items())) for index in range(20)]
+  assert len(set(styles)) == 20

@@ -213,6 +213,13 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
   return [csv_path, md_path]
 
 
+def line_style(index: int) -> dict:
+  """Matplotlib's ten colours, then the same colours dashed with square markers, so that a sweep of more
+  than ten variants never draws two alike."""
+  return dict(color=f'C{index % 10}', linestyle='-' if index // 10 % 2 == 0 else '--',
+              marker='o' if index // 10 % 2 == 0 else 's')
+
+
 def plot(sweep: str, table: Table) -> list:
   """plot_<metric>.png: the metric against evaluation length, a line per variant, a band for the 95%
   interval of its mean over seeds (cut to the metric's range: a t interval of accuracies over three
@@ -223,14 +230,14 @@ def plot(sweep: str, table: Table) -> list:
   written = []
   for metric in table.metrics:
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    for variant in table.variants:
+    for variant_index, variant in enumerate(table.variants):
       points = [(n, table.values[variant][n][metric]) for n in table.lengths
                 if metric in table.values[variant].get(n, {})]
       if not points:
         continue
       xs = [n for n, _ in points]
       means = [mean_std(v)[0] for _, v in points]
-      line, = axis.plot(xs, means, marker='o', label=variant)
+      line, = axis.plot(xs, means, label=variant, **line_style(variant_index))
       if all(len(v) > 1 for _, v in points):  # the 95% interval of the mean
         intervals = [mean_interval(v) for _, v in points]
         low, high = METRIC_RANGE.get(metric, (-math.inf, math.inf))  # drawn within what the metric can be
@@ -256,8 +263,9 @@ def plot(sweep: str, table: Table) -> list:
   figure, axis = plt.subplots(figsize=(7, 4.5))
   for variant in table.variants:
     for index, (steps, losses) in enumerate(table.curves[variant]):
-      axis.plot(steps, losses, label=variant if index == 0 else None,
-                color=f'C{table.variants.index(variant) % 10}', alpha=0.8)
+      style = line_style(table.variants.index(variant))
+      axis.plot(steps, losses, label=variant if index == 0 else None, color=style['color'],
+                linestyle=style['linestyle'], alpha=0.8)
   axis.set_xlabel('step')
   axis.set_ylabel('training loss')
   axis.set_yscale('log')
