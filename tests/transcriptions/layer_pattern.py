@@ -11,7 +11,7 @@ def _part(context):
   kind = context.settings.kinds()[0]
   sub = types.SimpleNamespace(**vars(context))
   sub.settings = context.settings.part(kind)
-  sub.stack = context.stack.get('parts', {}).get(kind, context.stack.get(f'parts_{kind}', {}))
+  sub.stack = context.stack.get(f'parts_{kind}', {})  # the stack's hooks of that kind: its dict attribute parts
   sub.layer = context.layer.get('part', {})
   return transcriptions.transcription(kind), sub
 
