@@ -10,7 +10,8 @@ rotated pairs, pair p made of dimensions 2p and 2p + 1):
                dimensions are a RoPE of width 2n, theta_p = base^(-2p/(2n)) for p < n; the rest are not
                rotated. (GPT-NeoX rotates halves, not interleaved pairs: the same up to a permutation of
                dimensions, which the projections absorb.)
-Either way q_m . k_n still depends on m - n only.
+Either way q_m . k_n still depends on m - n only. A context extension (extension.py) acts on the rotated
+pairs' frequencies.
 """
 
 import dataclasses
@@ -19,19 +20,21 @@ import math
 import chex
 import jax.numpy as jnp
 
-from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
-from transformer.positions.rope import rotate_by
+from transformer.positions.base import StackPositions, Variant, require
+from transformer.positions.extension import ExtensionSettings
+from transformer.positions.rope import RotaryLayer, rotate_by
 
 FREQUENCIES = ('truncated', 'rescaled')
 
 
 @dataclasses.dataclass(frozen=True)
-class PartialRopeSettings(Settings):
+class PartialRopeSettings(ExtensionSettings):
   rope_base: float = 10000.0            # theta_p = base^(-2p/d) ('truncated') or base^(-2p/(2n)) ('rescaled')
   rotary_fraction: float = 0.25         # of each head's pairs rotated: n = floor(fraction d / 2)
   rotary_frequencies: str = 'truncated'  # 'truncated' (p-RoPE) or 'rescaled' (GPT-NeoX's rotary_pct)
 
   def check(self):
+    super().check()
     require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
     require(0.0 < self.rotary_fraction <= 1.0, 'position.rotary_fraction', self.rotary_fraction,
             'a fraction in (0, 1]')
@@ -58,14 +61,12 @@ def partial_frequencies(head_dim: int, base: float, fraction: float, scheme: str
   return jnp.concatenate([rotated, jnp.zeros(head_dim // 2 - pairs, jnp.float32)])
 
 
-class PartialRope(LayerPositions):
+class PartialRope(RotaryLayer):
   """Rotates the first n pairs of queries and keys."""
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+  def frequencies(self, head_dim):
     settings = self.config
-    theta_P = partial_frequencies(query_BxLqxHxK.shape[-1], settings.rope_base, settings.rotary_fraction,
-                                  settings.rotary_frequencies)
-    return rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P), rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P)
+    return partial_frequencies(head_dim, settings.rope_base, settings.rotary_fraction, settings.rotary_frequencies)
 
 
 VARIANT = Variant(StackPositions, PartialRope, 'Barbero et al. 2025 (p-RoPE)', PartialRopeSettings,

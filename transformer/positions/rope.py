@@ -2,7 +2,8 @@
 
 Each pair of dimensions (2i, 2i+1) of a query or key at position m is rotated by the angle
 m * theta_i, theta_i = base^(-2i/d):  [x'_2i, x'_2i+1] = [x_2i cos - x_2i+1 sin, x_2i sin + x_2i+1 cos].
-Then q_m . k_n depends on m - n only. Elementwise ops; no table, no gather.
+Then q_m . k_n depends on m - n only. Elementwise ops; no table, no gather. The settings carry a
+context extension (extension.py: position interpolation, NTK, dynamic NTK, YaRN, Llama 3), off by default.
 """
 
 import dataclasses
@@ -11,14 +12,16 @@ from typing import Optional
 import chex
 import jax.numpy as jnp
 
-from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
+from transformer.positions.base import LayerPositions, StackPositions, Variant, require
+from transformer.positions.extension import ExtensionSettings, dynamic_ntk_logits, extended_frequencies
 
 
 @dataclasses.dataclass(frozen=True)
-class RopeSettings(Settings):
+class RopeSettings(ExtensionSettings):
   rope_base: float = 10000.0  # theta_i = base^(-2i/d)
 
   def check(self):
+    super().check()
     require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
 
   def check_attention(self, num_heads, head_dim, causal):
@@ -32,19 +35,23 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> chex.Array:
 
 
 def rotate_by(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, theta_P: chex.Array,
-              scale_BxLxP: Optional[chex.Array] = None) -> chex.Array:
-  """Pair p of every head rotated by pos * theta_p (and multiplied by scale[pos, p], xPos), in float32,
-  returned in x's dtype. A zero frequency leaves its pair exactly as it is (cos 0 = 1, sin 0 = 0)."""
-  chex.assert_rank([x_BxLxHxK, positions_BxL, theta_P], [4, 2, 1])
+              scale_BxLxP: Optional[chex.Array] = None, magnitude=1.0) -> chex.Array:
+  """Pair p of every head rotated by pos * theta_p (and multiplied by scale[pos, p], xPos, and by
+  magnitude, YaRN), in float32, returned in x's dtype. theta is P, or B x P for frequencies by row
+  (dynamic scaling). A zero frequency leaves its pair exactly as it is (cos 0 = 1, sin 0 = 0)."""
+  chex.assert_rank([x_BxLxHxK, positions_BxL], [4, 2])
   head_dim = x_BxLxHxK.shape[-1]
   if head_dim % 2:
     raise ValueError(f'rope rotates pairs of dimensions: head_dim must be even, got {head_dim}')
-  chex.assert_shape(theta_P, (head_dim // 2,))
-  angle_BxLx1xP = (positions_BxL.astype(jnp.float32)[..., None] * theta_P)[:, :, None, :]
+  chex.assert_axis_dimension(theta_P, -1, head_dim // 2)
+  theta_Bx1xP = theta_P[:, None, :] if theta_P.ndim == 2 else theta_P[None, None, :]
+  angle_BxLx1xP = (positions_BxL.astype(jnp.float32)[..., None] * theta_Bx1xP.astype(jnp.float32))[:, :, None, :]
   cos, sin = jnp.cos(angle_BxLx1xP), jnp.sin(angle_BxLx1xP)
   if scale_BxLxP is not None:
     scale_BxLx1xP = scale_BxLxP.astype(jnp.float32)[:, :, None, :]
     cos, sin = cos * scale_BxLx1xP, sin * scale_BxLx1xP
+  if not (isinstance(magnitude, float) and magnitude == 1.0):
+    cos, sin = cos * magnitude, sin * magnitude
   pairs = x_BxLxHxK.astype(jnp.float32).reshape(*x_BxLxHxK.shape[:-1], head_dim // 2, 2)
   even, odd = pairs[..., 0], pairs[..., 1]
   rotated = jnp.stack([even * cos - odd * sin, even * sin + odd * cos], axis=-1)
@@ -62,12 +69,41 @@ def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000
   return rotate_by(x_BxLxHxK, positions_BxL, rope_frequencies(head_dim, base))
 
 
-class Rope(LayerPositions):
-  """Rotates queries and keys."""
+class RotaryLayer(LayerPositions):
+  """Rotates queries and keys by frequencies(head_dim), scaled by position_scales (xPos), under the
+  settings' context extension; dynamic NTK's rotation by query is a logits term instead (extension.py)."""
+
+  def frequencies(self, head_dim: int) -> chex.Array:
+    """theta_p for the head's d / 2 pairs (0: not rotated)."""
+    raise NotImplementedError
+
+  def position_scales(self, q_positions_BxLq, k_positions_BxLk, head_dim: int):
+    """Per-pair factors of queries and keys by position (B x L x P each), or (None, None)."""
+    del q_positions_BxLq, k_positions_BxLk, head_dim
+    return None, None
 
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
-    return (rotate(query_BxLqxHxK, q_positions_BxLq, self.config.rope_base),
-            rotate(key_BxLkxHxK, k_positions_BxLk, self.config.rope_base))
+    head_dim = query_BxLqxHxK.shape[-1]
+    q_scale, k_scale = self.position_scales(q_positions_BxLq, k_positions_BxLk, head_dim)
+    if self.config.per_query():  # scaled only; logits() rotates
+      theta_P, magnitude = jnp.zeros(head_dim // 2, jnp.float32), 1.0
+    else:
+      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.config)
+    return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
+            rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale, magnitude))
+
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+    if not self.config.per_query():
+      return None
+    return dynamic_ntk_logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk,
+                              self.frequencies(query_BxLqxHxK.shape[-1]), self.config.original_length, scale)
+
+
+class Rope(RotaryLayer):
+  """Rotates queries and keys."""
+
+  def frequencies(self, head_dim):
+    return rope_frequencies(head_dim, self.config.rope_base)
 
 
 VARIANT = Variant(StackPositions, Rope, 'Su et al. 2021 (RoFormer)', RopeSettings, shift_invariant=True)

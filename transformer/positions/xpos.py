@@ -9,7 +9,8 @@ back is damped, more in the low pairs. The centre c cancels in the product; it o
 near 1. torchscale centres at half of each call's length, which moves when a cache grows, so cached
 decoding would scale its keys differently from the full pass; here c is a fixed setting
 (xpos_center), and the factors stay finite in float32 for |n - c| below about 70 gamma.
-Causal only: for keys after the query (n < m) the factor grows instead of decaying.
+Causal only: for keys after the query (n < m) the factor grows instead of decaying. A context extension
+(extension.py) acts on the rotation's frequencies; the decay stays by position.
 """
 
 import dataclasses
@@ -17,17 +18,19 @@ import dataclasses
 import chex
 import jax.numpy as jnp
 
-from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
-from transformer.positions.rope import rope_frequencies, rotate_by
+from transformer.positions.base import StackPositions, Variant, require
+from transformer.positions.extension import ExtensionSettings
+from transformer.positions.rope import RotaryLayer, rope_frequencies
 
 
 @dataclasses.dataclass(frozen=True)
-class XposSettings(Settings):
+class XposSettings(ExtensionSettings):
   rope_base: float = 10000.0       # theta_p = base^(-2p/d), as RoPE
   xpos_scale_base: float = 512.0   # gamma: distances are damped by zeta_p^(distance / gamma)
   xpos_center: int = 0             # c: the position where both factors are 1
 
   def check(self):
+    super().check()
     require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
     require(self.xpos_scale_base > 0, 'position.xpos_scale_base', self.xpos_scale_base, 'a positive number')
 
@@ -48,16 +51,16 @@ def xpos_scale(positions_BxL: chex.Array, head_dim: int, scale_base: float, cent
   return xpos_decay(head_dim) ** exponent_BxLx1
 
 
-class Xpos(LayerPositions):
+class Xpos(RotaryLayer):
   """Rotates queries and keys as RoPE, and scales them by zeta^(+-(position - c) / gamma)."""
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
-    settings, head_dim = self.config, query_BxLqxHxK.shape[-1]
-    theta_P = rope_frequencies(head_dim, settings.rope_base)
-    q_scale = xpos_scale(q_positions_BxLq, head_dim, settings.xpos_scale_base, settings.xpos_center)
-    k_scale = xpos_scale(k_positions_BxLk, head_dim, settings.xpos_scale_base, settings.xpos_center, sign=-1.0)
-    return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale),
-            rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale))
+  def frequencies(self, head_dim):
+    return rope_frequencies(head_dim, self.config.rope_base)
+
+  def position_scales(self, q_positions_BxLq, k_positions_BxLk, head_dim):
+    settings = self.config
+    return (xpos_scale(q_positions_BxLq, head_dim, settings.xpos_scale_base, settings.xpos_center),
+            xpos_scale(k_positions_BxLk, head_dim, settings.xpos_scale_base, settings.xpos_center, sign=-1.0))
 
 
 VARIANT = Variant(StackPositions, Xpos, 'Sun et al. 2022 (xPos)', XposSettings, shift_invariant=True,

@@ -1,0 +1,152 @@
+"""Context extension of rotary encodings: run a model trained at length L on longer inputs by changing its
+rotation frequencies theta_p (and, for YaRN, the attention temperature), without new parameters.
+
+With s the factor and r_p = L theta_p / (2 pi) the number of rotations pair p makes over the original
+length L (the YaRN paper's r(d) = L / lambda_d):
+  pi           linear position interpolation (Chen et al. 2023): theta_p / s, i.e. positions m / s.
+  ntk          NTK-aware scaling (bloc97 2023): base' = base s^(d / (d - 2)), d the rotated dimensions,
+               so the lowest frequency becomes exactly theta_min / s and the highest stays. Written on the
+               frequencies, theta_p' = theta_p s^(-ln theta_p / ln theta_min), which is that for RoPE and
+               keeps "the lowest rotated frequency / s" for partial rotations.
+  dynamic_ntk  ntk with s = max(1, l / L), l the length of the input so far (the YaRN paper's form; the
+               one of Hugging Face's transformers, base (s l / L - s + 1)^(d / (d - 2)), is not this), taken
+               per query: query i rotates itself and every key it reads with s_i = max(1, (i + 1) / L), the
+               factor a decoder generating token i + 1 uses. Then position i's output depends on its prefix
+               alone, and cached decoding (keys kept unrotated, rotated with each new query's factor, as the
+               YaRN paper prescribes) equals the full pass at every position: with one factor per call, a
+               cache would hold deeper layers' keys computed with older factors than the full pass's.
+               Inputs up to L are RoPE; a shorter input scales back down. Computed as a logits term on
+               unrotated queries and keys (dynamic_ntk_logits), B x H x Lq x Lk x P inside each block.
+  yarn         YaRN (Peng et al. 2023): theta_p' = (1 - g_p) theta_p / s + g_p theta_p with the ramp
+               g_p = clip((r_p - alpha) / (beta - alpha), 0, 1), alpha = 1, beta = 32: pairs that turn
+               fewer than alpha times over L are interpolated, more than beta times kept. The ramp is the
+               paper's, continuous in r_p (its reference code rounds alpha and beta to dimension indices and
+               ramps by index). Queries and keys are both multiplied by 0.1 ln s + 1 (the paper's
+               sqrt(1/t)), so the logits grow by its square.
+  llama3       the frequency bands of Llama 3.1 (Meta 2024): the same blend with the ramp between
+               r = low_frequency_factor (1) and r = high_frequency_factor (4) rotations over L, and no
+               temperature.
+At s = 1 every method is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
+"""
+
+import dataclasses
+import math
+
+import chex
+import jax.numpy as jnp
+
+from transformer.positions.base import Settings, require
+
+METHODS = ('none', 'pi', 'ntk', 'dynamic_ntk', 'yarn', 'llama3')
+READS_ORIGINAL_LENGTH = ('dynamic_ntk', 'yarn', 'llama3')
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtensionSettings(Settings):
+  """The extension fields of every rotary variant (model.position.<field>)."""
+  rope_extension: str = 'none'               # none, pi, ntk, dynamic_ntk, yarn, llama3 (extension.py)
+  extension_factor: float = 1.0              # s: positions m / s (pi); dynamic_ntk reads s from the length
+  original_length: int = 0                   # L, the length trained at: dynamic_ntk, yarn and llama3 read it
+  yarn_alpha: float = 1.0                    # YaRN: pairs turning < alpha times over L are interpolated
+  yarn_beta: float = 32.0                    # YaRN: pairs turning > beta times over L are kept
+  llama3_low_frequency_factor: float = 1.0   # Llama 3: pairs turning < this many times over L are interpolated
+  llama3_high_frequency_factor: float = 4.0  # Llama 3: pairs turning > this many times over L are kept
+
+  def check(self):
+    require(self.rope_extension in METHODS, 'position.rope_extension', self.rope_extension, ', '.join(METHODS))
+    require(math.isfinite(self.extension_factor) and self.extension_factor >= 1.0, 'position.extension_factor',
+            self.extension_factor, 'a finite number >= 1 (the new length over the original one)')
+    require(self.rope_extension != 'dynamic_ntk' or self.extension_factor == 1.0, 'position.extension_factor',
+            self.extension_factor, '1 with dynamic_ntk, which computes its factor from each input\'s length')
+    require(self.original_length >= 0, 'position.original_length', self.original_length, 'an integer >= 0')
+    require(self.rope_extension not in READS_ORIGINAL_LENGTH or self.original_length > 0, 'position.original_length',
+            self.original_length, f'the training length (> 0) with rope_extension={self.rope_extension}')
+    require(0.0 <= self.yarn_alpha < self.yarn_beta, 'position.yarn_alpha', self.yarn_alpha,
+            f'a number >= 0 below yarn_beta={self.yarn_beta}')
+    require(0.0 <= self.llama3_low_frequency_factor < self.llama3_high_frequency_factor,
+            'position.llama3_low_frequency_factor', self.llama3_low_frequency_factor,
+            f'a number >= 0 below llama3_high_frequency_factor={self.llama3_high_frequency_factor}')
+
+  def per_query(self) -> bool:
+    """Whether each query has its own frequencies (dynamic_ntk): the rotation is then a logits term."""
+    return self.rope_extension == 'dynamic_ntk'
+
+
+def rotations_over(theta_P: chex.Array, original_length: int) -> chex.Array:
+  """r_p = L theta_p / (2 pi): how many turns pair p makes over the original length (0 for an unrotated pair)."""
+  return original_length * theta_P / (2.0 * math.pi)
+
+
+def ntk_frequencies(theta_P: chex.Array, factor) -> chex.Array:
+  """theta_p s^(-ln theta_p / ln theta_min), theta_min the lowest nonzero frequency; factor a scalar or
+  B x 1. Unrotated pairs (theta 0) stay 0; at s = 1 exactly theta. Where every rotated pair has frequency
+  1 (one pair), the lowest is that one: theta / s."""
+  rotated_P = theta_P > 0
+  log_theta_P = jnp.log(jnp.where(rotated_P, theta_P, 1.0))
+  log_lowest = jnp.min(log_theta_P)
+  ratio_P = jnp.where(log_lowest < 0, log_theta_P / jnp.minimum(log_lowest, -1.0e-30), 1.0)
+  exponent_P = jnp.where(rotated_P, ratio_P, 0.0)
+  return theta_P * jnp.exp(-exponent_P * jnp.log(jnp.asarray(factor, jnp.float32)))
+
+
+def ramp_frequencies(theta_P: chex.Array, factor: float, original_length: int, lower: float,
+                     upper: float) -> chex.Array:
+  """(1 - g) theta / s + g theta, g = clip((r - lower) / (upper - lower), 0, 1): YaRN's and Llama 3's blend."""
+  ramp_P = jnp.clip((rotations_over(theta_P, original_length) - lower) / (upper - lower), 0.0, 1.0)
+  return (1.0 - ramp_P) * theta_P / factor + ramp_P * theta_P
+
+
+def yarn_magnitude(factor: float) -> float:
+  """0.1 ln s + 1, YaRN's sqrt(1/t): what queries and keys are both multiplied by."""
+  return 0.1 * math.log(factor) + 1.0
+
+
+def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
+  """(theta', magnitude) of a static method: the frequencies and the factor on queries and keys."""
+  method, factor = settings.rope_extension, settings.extension_factor
+  if method == 'none' or factor == 1.0:
+    return theta_P, 1.0
+  if method == 'pi':
+    return theta_P / factor, 1.0
+  if method == 'ntk':
+    return ntk_frequencies(theta_P, factor), 1.0
+  if method == 'yarn':
+    return (ramp_frequencies(theta_P, factor, settings.original_length, settings.yarn_alpha, settings.yarn_beta),
+            yarn_magnitude(factor))
+  if method == 'llama3':
+    return ramp_frequencies(theta_P, factor, settings.original_length, settings.llama3_low_frequency_factor,
+                            settings.llama3_high_frequency_factor), 1.0
+  raise ValueError(f'position.rope_extension: got {method!r}; valid: pi, ntk, yarn, llama3 (static methods)')
+
+
+def dynamic_factor(q_positions_BxLq: chex.Array, original_length: int) -> chex.Array:
+  """s_i = max(1, (pos_i + 1) / L): the length of query i's prefix over the original length, B x Lq."""
+  return jnp.maximum(1.0, (q_positions_BxLq.astype(jnp.float32) + 1.0) / original_length)
+
+
+def dynamic_ntk_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, q_positions_BxLq: chex.Array,
+                       k_positions_BxLk: chex.Array, theta_P: chex.Array, original_length: int,
+                       scale: float) -> chex.Array:
+  """scale (q_i^T R((pos_j - pos_i) theta(s_i)) k_j - q_i . k_j), B x H x Lq x Lk, for unrotated q and k:
+  added to the plain logits q.k scale, the logits of dynamic NTK with query i's own factor s_i
+  (ntk_frequencies). Per pair, with w = (q_e k_e + q_o k_o) + i (q_o k_e - q_e k_o), the rotated product is
+  Re(w e^(i (pos_i - pos_j) theta)). Blockwise attention computes it a block of queries at a time."""
+  chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK], 4)
+  theta_BxLqxP = ntk_frequencies(theta_P, dynamic_factor(q_positions_BxLq, original_length)[..., None])
+  distance_BxLqxLk = (q_positions_BxLq[:, :, None] - k_positions_BxLk[:, None, :]).astype(jnp.float32)
+  angle_Bx1xLqxLkxP = (distance_BxLqxLk[..., None] * theta_BxLqxP[:, :, None, :])[:, None]
+  head_dim = query_BxLqxHxK.shape[-1]
+
+  def pairs_BxHxLxP(x_BxLxHxK):
+    pairs = jnp.transpose(x_BxLxHxK.astype(jnp.float32), (0, 2, 1, 3)).reshape(
+        x_BxLxHxK.shape[0], x_BxLxHxK.shape[2], x_BxLxHxK.shape[1], head_dim // 2, 2)
+    return pairs[..., 0], pairs[..., 1]
+
+  (q_even, q_odd), (k_even, k_odd) = pairs_BxHxLxP(query_BxLqxHxK), pairs_BxHxLxP(key_BxLkxHxK)
+  real = q_even[:, :, :, None] * k_even[:, :, None] + q_odd[:, :, :, None] * k_odd[:, :, None]
+  imaginary = q_odd[:, :, :, None] * k_even[:, :, None] - q_even[:, :, :, None] * k_odd[:, :, None]
+  rotated = real * jnp.cos(angle_Bx1xLqxLkxP) - imaginary * jnp.sin(angle_Bx1xLqxLkxP)
+  term_BxHxLqxLk = scale * jnp.sum(rotated - real, axis=-1)
+  chex.assert_shape(term_BxHxLqxLk, (query_BxLqxHxK.shape[0], query_BxLqxHxK.shape[2], query_BxLqxHxK.shape[1],
+                                     key_BxLkxHxK.shape[1]))
+  return term_BxHxLqxLk
