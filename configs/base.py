@@ -66,6 +66,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 500        # steps between evaluations (and one at the end)
   config.train.checkpoint_every = 500  # steps between checkpoints (and one at the end)
   config.train.keep_checkpoints = 2    # how many checkpoints to keep
+  config.train.init_from = ''          # a finished run's workdir: start from its parameters (fine-tuning, e.g. at a
+  #                                      longer length with a context extension); '': a fresh initialisation
   return config
 
 

@@ -181,6 +181,12 @@ def _check_shapes(restored, template, step: int, directory: str) -> None:
 def load_run(workdir: str):
   """(model config, task, params) of the newest checkpoint, under the run's configuration (config.json
   with its recorded changes). A checkpoint whose bytes no longer match its digest is a ValueError."""
+  model_config, task, params, _ = load_run_with_step(workdir)
+  return model_config, task, params
+
+
+def load_run_with_step(workdir: str):
+  """load_run's (model config, task, params) and the step of the checkpoint they come from."""
   from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
   resolved = run_record.stored_config(workdir)
   if resolved is None:
@@ -203,4 +209,24 @@ def load_run(workdir: str):
                        f'restart the training command on {workdir}, which sets it aside and resumes from an '
                        f'older one')
   params = manager.restore(step, args=ocp.args.StandardRestore())['params']
-  return model_config, task, jax.tree_util.tree_map(jnp.asarray, params)
+  return model_config, task, jax.tree_util.tree_map(jnp.asarray, params), step
+
+
+def initial_params(workdir: str, template_params, init_from: str):
+  """The parameters of the run at init_from (its newest checkpoint), shape-checked against this run's;
+  the source and its step go to WORKDIR/init_from.json the first time, and a later start refuses a source
+  that has moved on since (its newest checkpoint at another step)."""
+  from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
+  _, _, params, step = load_run_with_step(init_from)
+  _check_shapes({'params': params}, {'params': template_params}, step, os.path.join(init_from, 'checkpoints'))
+  record_path = os.path.join(workdir, 'init_from.json')
+  source = dict(workdir=os.path.abspath(init_from), step=int(step), finished_step=run_record.finished_step(init_from))
+  if os.path.exists(record_path):
+    with open(record_path) as file:
+      recorded = json.load(file)
+    if recorded['workdir'] != source['workdir'] or recorded['step'] != source['step']:
+      raise ValueError(f'train.init_from: {init_from} is now at step {step}, but this run started from step '
+                       f'{recorded["step"]} of {recorded["workdir"]} ({record_path}); use a new --workdir')
+  else:
+    write_json_atomically(record_path, source)
+  return jax.tree_util.tree_map(lambda p, t: jnp.asarray(p, t.dtype), params, template_params)

@@ -10,11 +10,13 @@ run's configuration is config.json with those changes applied in order (`stored_
 A finished run (summary.json) takes no change but a longer `train.steps`, which continues it.
 """
 
+import dataclasses
 import json
 import os
 from typing import Optional
 
 from experiments.shared.files import append_line_durably, write_json_atomically
+from transformer.positions.extension import ExtensionSettings
 
 CONFIG_FILE = 'config.json'
 CHANGES_FILE = 'config_changes.jsonl'
@@ -22,7 +24,8 @@ SUMMARY_FILE = 'summary.json'
 
 # Fields added after records were written, with the value every run had before the field existed: a
 # record without one ran with that value, so it is read as having it.
-ADDED_FIELDS = {'model.randomized_max_length': 0}
+ADDED_FIELDS = {'model.randomized_max_length': 0, 'train.init_from': '',
+                **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
 
 # Fields a restart may change, and why each leaves what the run has computed so far valid.
 RESUMABLE_FIELDS = {

@@ -45,6 +45,7 @@ class TrainSettings:
   eval_every: int
   checkpoint_every: int
   keep_checkpoints: int
+  init_from: str = ''  # a run's workdir whose newest parameters start this run (fresh optimizer state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +156,9 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     _positive(f'train.{name}', getattr(train, name))
   for name in ('warmup_steps', 'weight_decay'):
     _positive(f'train.{name}', getattr(train, name), allow_zero=True)
+  if train.init_from and not os.path.isdir(os.path.join(train.init_from, 'checkpoints')):
+    raise ConfigError(f'train.init_from: got {train.init_from!r}, which has no checkpoints directory; valid: the '
+                      f'--workdir of a training run, or empty for a fresh initialisation')
   if not train.gradient_clip >= 0:
     raise ConfigError(f'train.gradient_clip: got {train.gradient_clip!r}; valid: a positive global norm, or 0 '
                       f'for no clipping')

@@ -18,6 +18,7 @@ from absl import logging
 import transformer
 from experiments.runs import metrics as metrics_file
 from experiments.runs import run_record, steps
+from experiments.runs import checkpoints as checkpoints_module
 from experiments.runs.checkpoints import Checkpoints
 from experiments.runs.evaluation import evaluate
 from experiments.shared.files import write_json_atomically
@@ -151,6 +152,10 @@ def _run_locked(experiments, workdirs, primary, wrap_train_step, devices, stop) 
       checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, primary)
       all_checkpoints.append(checkpoints)
       host_state = jax.device_get(steps.create_train_state(run_experiment, model, task))
+      if run_experiment.train.init_from and checkpoints.latest_step() is None:
+        host_state = host_state.replace(params=jax.device_get(checkpoints_module.initial_params(
+            workdir, host_state.params, run_experiment.train.init_from)))
+        logging.info('%s: starting from the parameters of %s', workdir, run_experiment.train.init_from)
       stop.check()
       restored.append(checkpoints.restore_latest(
           host_state, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None))

@@ -67,6 +67,10 @@ class Shakespeare(Task):
     weights[:, 0] = 0.0  # the first character has no previous one: the bigram cannot score it
     return dict(inputs=inputs, targets=windows, weights=weights, valid=np.ones((batch_size, length), bool))
 
+  def stream(self, split: str) -> np.ndarray:
+    """The split's characters as one token stream (the held-out plays one after another, for 'eval')."""
+    return data.load(SPLIT_FILES[split])[0]
+
   def model_inputs(self, batch):
     return (batch['inputs'],), dict(valid_BxL=batch['valid'])
 

@@ -1,0 +1,152 @@
+"""Finished language-model runs evaluated at any lengths, as trained or with a context extension of RoPE.
+
+  python -m experiments.evaluate --workdir=runs/shakespeare/rope-seed0 --lengths=128,256,512,1024,2048 \
+      --extension=none,pi,ntk,dynamic_ntk,yarn,llama3 --factor=16 [--protocol=sliding --stride=0.5] \
+      [--tokens=65536] [--output=runs/extension]
+
+Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.py), never touching the
+run's training metrics; --output also gets one table (results.md, results.csv) and two plots (bits per
+character by length; by position within the window at the longest length) over every run and method.
+The original length is read from each run. Methods other than none apply to runs of a rotary variant;
+for the others they are skipped, with a line saying so. --factor is s for pi, ntk, yarn and llama3 (the
+new length over the original one; required for them), while dynamic_ntk computes its own.
+"""
+
+import csv
+import io
+import os
+
+import numpy as np
+from absl import flags
+
+import transformer
+from experiments.runs import long_context, run_record, windows
+from experiments.shared import cli
+from experiments.shared.files import write_text_atomically
+from transformer.positions.extension import ExtensionSettings, METHODS
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of a language model.')
+_LENGTHS = flags.DEFINE_string('lengths', None, 'Comma-separated window lengths (default: the run\'s eval_lengths).')
+_EXTENSION = flags.DEFINE_string('extension', 'none', f'Comma-separated methods among: {", ".join(METHODS)}.')
+_FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn and llama3 (required with them).')
+_PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', list(windows.PROTOCOLS), 'windows: non-overlapping; sliding: '
+                              'a window every stride tokens, each token scored once (experiments/runs/windows.py).')
+_STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction of the window length, in (0, 1).')
+_TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.')
+_NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ (default: from the method, factor, '
+                            'protocol and tokens).')
+_OUTPUT = flags.DEFINE_string('output', None, 'A directory for the table and plots over every run and method.')
+
+STATIC = ('pi', 'ntk', 'yarn', 'llama3')
+
+
+def _requests(methods: list[str]) -> list[long_context.Request]:
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    raise ValueError(f'--extension: got {unknown[0]!r}; valid: a comma-separated list of {", ".join(METHODS)}')
+  if any(m in STATIC for m in methods) and _FACTOR.value is None:
+    raise ValueError(f'--factor: missing; valid: the factor s (>= 1) of {", ".join(m for m in methods if m in STATIC)}'
+                     ', e.g. the longest length over the training length')
+  if _FACTOR.value is not None and not _FACTOR.value >= 1:
+    raise ValueError(f'--factor: got {_FACTOR.value}; valid: a number >= 1')
+  if not 0 < _STRIDE.value < 1:
+    raise ValueError(f'--stride: got {_STRIDE.value}; valid: a fraction of the window length in (0, 1)')
+  for name, value in (('--tokens', _TOKENS.value), ('--batch_size', _BATCH_SIZE.value)):
+    if value < 1:
+      raise ValueError(f'{name}: got {value}; valid: a positive integer')
+  return [long_context.Request(method=m, factor=_FACTOR.value if m in STATIC else 1.0, protocol=_PROTOCOL.value,
+                               stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value)
+          for m in methods]
+
+
+def _label(workdir: str, method: str) -> str:
+  resolved = run_record.stored_config(workdir) or {}
+  name = os.path.basename(os.path.normpath(workdir))
+  return name if method == 'none' else f'{name} + {method}'
+
+
+def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int], trained: int, protocol: str):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  os.makedirs(output, exist_ok=True)
+  header = ['run'] + [str(length) for length in lengths]
+  table = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  buffer = io.StringIO()
+  writer = csv.writer(buffer)
+  writer.writerow(header)
+  for label, results in rows:
+    values = [results[length]['bits_per_character'] for length in lengths]
+    table.append(f'| {label} | ' + ' | '.join(f'{v:.3f}' for v in values) + ' |')
+    writer.writerow([label] + [f'{v:.5f}' for v in values])
+  note = (f'\nBits per character on the held-out plays ({protocol} windows; the first run was trained at {trained}).\n')
+  write_text_atomically(os.path.join(output, 'results.md'), '\n'.join(table) + '\n' + note)
+  write_text_atomically(os.path.join(output, 'results.csv'), buffer.getvalue())
+  figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
+  for index, (label, results) in enumerate(rows):
+    style = dict(linestyle='-' if index < 10 else '--', marker='o' if index < 10 else 's')
+    by_length.plot(lengths, [results[length]['bits_per_character'] for length in lengths], label=label, **style)
+    curve = np.asarray(results[lengths[-1]]['bits_by_position'])
+    width = max(1, len(curve) // 64)
+    smooth = np.convolve(curve, np.ones(width) / width, mode='valid')
+    by_position.plot(np.arange(1, len(smooth) + 1) + width // 2, smooth, label=label,
+                     linestyle=style['linestyle'])
+  by_length.set_xscale('log', base=2)
+  by_length.set_xlabel('window length')
+  by_length.set_ylabel('bits per character')
+  by_position.set_xlabel(f'position within a window of {lengths[-1]} (mean over windows, {width}-position average)')
+  by_position.set_ylabel('bits per character')
+  for axes in (by_length, by_position):
+    axes.axvline(trained, color='grey', linewidth=0.8, linestyle=':')
+    axes.grid(alpha=0.3)
+  by_position.set_xscale('log', base=2)
+  by_length.legend(fontsize=7)
+  figure.tight_layout()
+  path = os.path.join(output, 'plot_extension.png')
+  figure.savefig(path, dpi=110)
+  plt.close(figure)
+  return [os.path.join(output, 'results.md'), os.path.join(output, 'results.csv'), path]
+
+
+def main(argv):
+  del argv
+  try:
+    if not _WORKDIR.value:
+      raise ValueError('--workdir: missing; valid: one or more comma-separated training runs')
+    workdirs = [w for w in _WORKDIR.value.split(',') if w]
+    requests = _requests([m.strip() for m in _EXTENSION.value.split(',') if m.strip()])
+    first = run_record.stored_config(workdirs[0])
+    if first is None:
+      raise FileNotFoundError(f'--workdir: {workdirs[0]} has no config.json; valid: a training run directory')
+    lengths = (sorted({int(x) for x in _LENGTHS.value.split(',')}) if _LENGTHS.value
+               else sorted(first['task']['eval_lengths']))
+    if min(lengths) < 2:
+      raise ValueError(f'--lengths: got {_LENGTHS.value!r}; valid: comma-separated window lengths >= 2')
+    rows = []
+    for workdir in workdirs:
+      resolved = run_record.stored_config(workdir)
+      if resolved is None:
+        raise FileNotFoundError(f'--workdir: {workdir} has no config.json; valid: a training run directory')
+      kind = resolved['model']['position']['kind']
+      rotary = issubclass(transformer.VARIANTS[kind].settings, ExtensionSettings)
+      for request in requests:
+        if request.method != 'none' and not rotary:
+          print(f'{workdir}: {kind} is not rotary; --extension={request.method} skipped for it', flush=True)
+          continue
+        _, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
+                                               log=lambda line: print(line, flush=True))
+        rows.append((_label(workdir, request.method), results))
+  except (OSError, KeyError, ValueError, FloatingPointError) as error:
+    cli.fail(str(error))
+  width = max(len(label) for label, _ in rows)
+  print(f'\n{"run":<{width}} ' + ' '.join(f'{length:>8}' for length in lengths))
+  for label, results in rows:
+    print(f'{label:<{width}} ' + ' '.join(f'{results[length]["bits_per_character"]:>8.3f}' for length in lengths))
+  if _OUTPUT.value:
+    written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']), _PROTOCOL.value)
+    print('wrote ' + ', '.join(written))
+
+
+if __name__ == '__main__':
+  cli.run(main)

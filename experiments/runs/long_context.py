@@ -1,0 +1,162 @@
+"""A finished run evaluated at any lengths, with or without a context extension, on a held-out stream
+(windows.py says which window scores which token). What experiments/evaluate.py runs.
+
+Each (run, extension) writes RUN/evaluations/NAME/: evaluation.json (what was evaluated: the method
+and its settings, the original length read from the run, the checkpoint's step, the protocol) and
+results.jsonl, one line per length, appended once that length is done: bits per character over the
+scored tokens, and the bits at each window position averaged over every window (the curve that shows
+where a model breaks down). A directory that describes another evaluation is refused, never rewritten;
+one that describes this one is resumed (lengths already there are kept, not recomputed).
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import transformer
+from experiments.runs import checkpoints, run_record, windows
+from experiments.shared.files import append_line_durably, write_json_atomically
+from transformer.positions.extension import ExtensionSettings, METHODS
+
+EVALUATIONS = 'evaluations'
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  method: str           # a rope_extension, or 'none' (the run as trained)
+  factor: float         # s for the static methods (1 for none and dynamic_ntk)
+  protocol: str         # windows.PROTOCOLS
+  stride_fraction: float  # sliding: the stride as a fraction of each length
+  tokens: int           # the first this many tokens of the held-out stream are scored
+  batch_size: int       # windows per batch
+
+
+def default_name(request: Request) -> str:
+  factor = '' if request.method in ('none', 'dynamic_ntk') else f'-x{request.factor:g}'
+  protocol = request.protocol if request.protocol == 'windows' else f'sliding{request.stride_fraction:g}'
+  return f'{request.method}{factor}-{protocol}-{request.tokens}'
+
+
+def extended_config(config: transformer.ModelConfig, resolved: dict, request: Request) -> tuple:
+  """(model config, original length): the run's model with the requested extension. The original length is
+  the run's own (position.original_length when it was trained with an extension, else task.max_length)."""
+  settings = config.position.settings
+  trained_length = int(resolved['task']['max_length'])
+  if request.method == 'none':
+    return config, getattr(settings, 'original_length', 0) or trained_length
+  if not isinstance(settings, ExtensionSettings):
+    rotary = ', '.join(kind for kind, variant in transformer.VARIANTS.items()
+                       if issubclass(variant.settings, ExtensionSettings))
+    raise ValueError(f'--extension: got {request.method!r} for a {config.position.kind} run; valid: none, or a run '
+                     f'of a rotary variant ({rotary})')
+  original = settings.original_length or trained_length
+  fields = dict(config.position.fields(), rope_extension=request.method, extension_factor=request.factor,
+                original_length=original)
+  kind = fields.pop('kind')
+  return config.replace(position=transformer.PositionConfig(kind, **fields)), original
+
+
+def _bits_function(model):
+  @jax.jit
+  def bits(params, inputs_BxL, targets_BxL):
+    logits = model.apply({'params': params}, inputs_BxL, valid_BxL=jnp.ones(inputs_BxL.shape, bool))
+    log_probabilities = jax.nn.log_softmax(logits.astype(jnp.float32))
+    picked = jnp.take_along_axis(log_probabilities, targets_BxL[..., None], axis=-1)[..., 0]
+    return -picked / math.log(2.0)
+  return bits
+
+
+def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length: int, request: Request) -> dict:
+  """Bits per character over the scored tokens, and by window position, at one length."""
+  stride = min(length - 1, max(1, int(round(request.stride_fraction * length))))
+  plan = windows.plan(len(stream), length, request.protocol, stride)
+  total, scored = 0.0, 0
+  by_position, counted = np.zeros(length), 0
+  for first in range(0, len(plan), request.batch_size):
+    chunk = plan[first:first + request.batch_size]
+    batch = windows.window_batch(stream, chunk + [chunk[-1]] * (request.batch_size - len(chunk)), length, bos)
+    bits = np.asarray(bits_function(params, batch['inputs'], batch['targets']), np.float64)[:len(chunk)]
+    if not np.all(np.isfinite(bits)):
+      raise FloatingPointError(f'length {length}: the model gave non-finite log-probabilities (windows starting at '
+                               f'{[w.start for w in chunk][:3]}); nothing was written for this length')
+    mask = batch['scored'][:len(chunk)]
+    total += float(bits[mask].sum())
+    scored += int(mask.sum())
+    by_position += bits.sum(axis=0)
+    counted += len(chunk)
+  by_position /= counted
+  return dict(length=length, bits_per_character=total / scored, scored_tokens=scored, windows=len(plan),
+              stride=stride if request.protocol == 'sliding' else length,
+              bits_by_position=[round(float(b), 5) for b in by_position[1:]])  # position 1 .. L-1
+
+
+def _read_results(path: str) -> dict:
+  results = {}
+  if os.path.exists(path):
+    with open(path) as file:
+      for line in file:
+        if line.strip():
+          record = json.loads(line)
+          results[record['length']] = record
+  return results
+
+
+def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optional[str] = None,
+                 log=print) -> tuple[str, dict]:
+  """Evaluates one run under one request; returns (its evaluation directory, results by length)."""
+  resolved = run_record.stored_config(workdir)
+  if resolved is None:
+    raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
+  config, task, params, step = checkpoints.load_run_with_step(workdir)
+  if not hasattr(task, 'stream') or task.settings.model_kind != 'decoder_only':
+    raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
+                     f'language model run (shakespeare)')
+  if request.method not in METHODS:
+    raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
+  config, original = extended_config(config, resolved, request)
+  rows = config.position.settings.longest_sequence()
+  if rows is not None and max(lengths) > rows:
+    raise ValueError(f'--lengths: {max(lengths)} exceeds the {rows} positions the {config.position.kind} table of '
+                     f'{workdir} has; valid: lengths up to {rows}')
+  stream = task.stream('eval')
+  if request.tokens > len(stream):
+    raise ValueError(f'--tokens: got {request.tokens}; valid: at most {len(stream)}, the held-out stream\'s length')
+  stream = stream[:request.tokens]
+  description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
+                     finished_step=run_record.finished_step(workdir), variant=config.position.kind,
+                     position=config.position.fields(), original_length=original,
+                     trained_length=int(resolved['task']['max_length']),
+                     init_from=resolved['train'].get('init_from', ''), **dataclasses.asdict(request))
+  description.pop('batch_size')  # how many windows run at once does not change a number
+  directory = os.path.join(workdir, EVALUATIONS, name or default_name(request))
+  spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.jsonl')
+  if os.path.exists(spec_path):
+    with open(spec_path) as file:
+      recorded = json.load(file)
+    differing = sorted(key for key in set(recorded) | set(description) if recorded.get(key) != description.get(key))
+    if differing:
+      found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
+      raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
+  else:
+    os.makedirs(directory, exist_ok=True)
+    write_json_atomically(spec_path, description)
+  results = _read_results(results_path)
+  bits_function = _bits_function(transformer.build_model(config, 'decoder_only'))
+  for length in lengths:
+    if length in results:
+      continue
+    started = time.time()
+    record = evaluate_length(bits_function, params, stream, task.bos, length, request)
+    record['seconds'] = round(time.time() - started, 1)
+    append_line_durably(results_path, json.dumps(record, sort_keys=True))
+    results[length] = record
+    log(f'{workdir} {request.method}: length {length}: {record["bits_per_character"]:.4f} bits per character '
+        f'({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
+  return directory, {length: results[length] for length in lengths}

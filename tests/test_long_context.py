@@ -1,0 +1,141 @@
+"""Long-context evaluation (experiments/runs/windows.py, long_context.py, experiments/evaluate.py) and
+fine-tuning from a finished run (train.init_from)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments.runs import checkpoints, long_context, trainer, windows
+from tests.helpers import ROOT, smoke_experiment, subprocess_environment
+
+TINY_SHAKESPEARE = {'task.name': 'shakespeare', 'task.model_kind': 'decoder_only', 'task.max_length': 16,
+                    'task.eval_lengths': (16,), 'model.position.kind': 'rope', 'model.num_decoder_layers': 1,
+                    'model.attention_block_size': 8, 'train.steps': 6, 'train.eval_every': 6,
+                    'train.checkpoint_every': 6, 'train.log_every': 3}
+
+
+@pytest.mark.parametrize('num_tokens, length, stride', [(100, 16, 8), (100, 16, 5), (97, 16, 15), (64, 16, 3),
+                                                        (16, 16, 4), (1000, 128, 32)])
+def test_sliding_windows_score_every_token_once_with_context(num_tokens, length, stride):
+  scored = np.zeros(num_tokens, int)
+  plan = windows.plan(num_tokens, length, 'sliding', stride)
+  for index, window in enumerate(plan):
+    assert 0 <= window.start and window.start + length <= num_tokens
+    scored[window.start + window.first_scored:window.start + length] += 1
+    if index:
+      assert window.first_scored >= length - stride  # context inside the window for every scored token
+  assert scored[0] == 0 and np.all(scored[1:] == 1)
+
+
+def test_non_overlapping_windows_skip_only_each_windows_first_token():
+  plan = windows.plan(70, 16, 'windows')
+  assert [w.start for w in plan] == [0, 16, 32, 48] and all(w.first_scored == 1 for w in plan)
+  batch = windows.window_batch(np.arange(70), plan, 16, bos=99)
+  np.testing.assert_array_equal(batch['inputs'][1], [99] + list(range(16, 31)))
+  np.testing.assert_array_equal(batch['targets'][1], list(range(16, 32)))
+  assert batch['scored'].sum() == 4 * 15
+
+
+@pytest.mark.parametrize('call, message', [(lambda: windows.plan(100, 16, 'sliding', 0), '--stride'),
+                                           (lambda: windows.plan(100, 16, 'sliding', 16), '--stride'),
+                                           (lambda: windows.plan(10, 16, 'windows'), '--lengths'),
+                                           (lambda: windows.plan(100, 16, 'strided'), '--protocol')])
+def test_bad_window_requests_are_refused_naming_the_flag(call, message):
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+@pytest.fixture(scope='module')
+def tiny_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('runs') / 'rope')
+  trainer.run(smoke_experiment(**TINY_SHAKESPEARE), workdir)
+  return workdir
+
+
+def _request(method='none', factor=1.0, **changes):
+  fields = dict(method=method, factor=factor, protocol='sliding', stride_fraction=0.5, tokens=600, batch_size=4)
+  fields.update(changes)
+  return long_context.Request(**fields)
+
+
+@pytest.mark.slow
+def test_evaluation_goes_next_to_the_run_and_is_never_rewritten(tiny_run):
+  with open(os.path.join(tiny_run, 'metrics.jsonl'), 'rb') as file:
+    metrics_before = file.read()
+  directory, results = long_context.evaluate_run(tiny_run, [16, 64], _request('yarn', 4.0), log=lambda line: None)
+  assert directory == os.path.join(tiny_run, 'evaluations', 'yarn-x4-sliding0.5-600')
+  assert set(results) == {16, 64} and all(np.isfinite(r['bits_per_character']) for r in results.values())
+  assert results[64]['scored_tokens'] == 599 and len(results[64]['bits_by_position']) == 63
+  with open(os.path.join(directory, 'evaluation.json')) as file:
+    spec = json.load(file)
+  assert spec['original_length'] == 16 and spec['position']['extension_factor'] == 4.0
+  with open(os.path.join(tiny_run, 'metrics.jsonl'), 'rb') as file:
+    assert file.read() == metrics_before
+  with open(os.path.join(directory, 'results.jsonl')) as file:
+    written = file.read()
+  _, again = long_context.evaluate_run(tiny_run, [16, 64], _request('yarn', 4.0), log=lambda line: None)
+  assert again == results
+  with open(os.path.join(directory, 'results.jsonl')) as file:
+    assert file.read() == written
+  with pytest.raises(ValueError, match='records another evaluation.*factor'):
+    long_context.evaluate_run(tiny_run, [16], _request('yarn', 8.0), name='yarn-x4-sliding0.5-600')
+
+
+@pytest.mark.slow
+def test_factor_one_and_the_run_as_trained_give_the_same_numbers(tiny_run):
+  _, plain = long_context.evaluate_run(tiny_run, [32], _request(), log=lambda line: None)
+  _, pi_one = long_context.evaluate_run(tiny_run, [32], _request('pi', 1.0), name='pi-one', log=lambda line: None)
+  assert plain[32]['bits_per_character'] == pi_one[32]['bits_per_character']
+
+
+@pytest.mark.slow
+def test_an_extension_on_a_variant_without_rotation_is_refused(tmp_path):
+  workdir = str(tmp_path / 'alibi')
+  trainer.run(smoke_experiment(**dict(TINY_SHAKESPEARE, **{'model.position.kind': 'alibi'})), workdir)
+  with pytest.raises(ValueError, match='--extension.*alibi run'):
+    long_context.evaluate_run(workdir, [16], _request('ntk', 2.0))
+
+
+@pytest.mark.slow
+def test_fine_tuning_starts_from_the_runs_parameters_and_records_it(tiny_run, tmp_path):
+  workdir = str(tmp_path / 'fine-tuned')
+  _, _, parent_params, parent_step = checkpoints.load_run_with_step(tiny_run)
+  longer = dict(TINY_SHAKESPEARE, **{'task.max_length': 32, 'task.eval_lengths': (32,), 'train.init_from': tiny_run,
+                                    'model.position.rope_extension': 'pi', 'model.position.extension_factor': 2.0,
+                                    'model.position.original_length': 16})
+  os.makedirs(tmp_path / 'probe')
+  started = checkpoints.initial_params(str(tmp_path / 'probe'), parent_params, tiny_run)
+  for got, want in zip(jax_leaves(started), jax_leaves(parent_params)):
+    np.testing.assert_array_equal(got, want)
+  trainer.run(smoke_experiment(**longer), workdir)
+  with open(os.path.join(workdir, 'init_from.json')) as file:
+    assert json.load(file)['step'] == parent_step
+  _, _, tuned_params, _ = checkpoints.load_run_with_step(workdir)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(tuned_params), jax_leaves(parent_params)))
+  wider = dict(longer, **{'model.model_dim': 64})
+  with pytest.raises(checkpoints.CheckpointMismatch, match='shape'):
+    trainer.run(smoke_experiment(**wider), str(tmp_path / 'wider'))
+
+
+def jax_leaves(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.slow
+def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
+  output = tmp_path / 'table'
+  command = [sys.executable, '-m', 'experiments.evaluate', f'--workdir={tiny_run}', '--lengths=16,32',
+             '--extension=none,ntk,dynamic_ntk', '--factor=2', '--tokens=300', f'--output={output}']
+  done = subprocess.run(command, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  table = (output / 'results.md').read_text()
+  assert all(label in table for label in ('| rope |', '| rope + ntk |', '| rope + dynamic_ntk |'))
+  assert (output / 'plot_extension.png').stat().st_size > 0
+  missing_factor = subprocess.run(command[:5] + ['--extension=yarn'], env=subprocess_environment(),
+                                  capture_output=True, text=True, cwd=ROOT, check=False)
+  assert missing_factor.returncode != 0 and '--factor: missing' in missing_factor.stderr
