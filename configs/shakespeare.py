@@ -6,6 +6,11 @@ Command:  python -m experiments.train --config=configs/shakespeare.py --workdir=
           (any variant: --config.model.position.kind=alibi)
 CPU time: 15-26 minutes on a 2-core machine shared with two to four other runs (1,200 steps of a
           2-layer, 128-wide decoder; Shaw the slowest).
+Fine-tuning at 512 from a finished run, with a context extension of RoPE (configs/shakespeare.py:extend):
+          python -m experiments.train --config=configs/shakespeare.py:extend --workdir=runs/rope-yarn-512 \
+              --config.train.init_from=runs/shakespeare --config.model.position.rope_extension=yarn \
+              --config.model.position.extension_factor=16
+          (200 steps of 8 windows of 512: the tokens of 800 steps at 128; original_length is the 128 trained at).
 Expected (measured, seed 0): 2.42-2.68 bits per character on the held-out plays at context 128 for
           every variant but NoPE (2.96), against 3.61 (bigram) and 4.78 (unigram) on the same
           positions; at 1024 ALiBi (2.52) and Shaw (2.46) stay flat while the absolute and TUPE
@@ -14,7 +19,9 @@ Expected (measured, seed 0): 2.42-2.68 bits per character on the held-out plays 
 from configs import base
 
 
-def get_config():
+def get_config(stage: str = 'train'):
+  if stage not in ('train', 'extend'):
+    raise ValueError(f'configs/shakespeare.py:{stage}: unknown stage; valid: train, extend')
   config = base.get_base_config()
   config.task.name = 'shakespeare'
   config.task.max_length = 128
@@ -32,4 +39,18 @@ def get_config():
   config.train.log_every = 100
   config.train.eval_every = 600
   config.train.checkpoint_every = 600
+  if stage == 'extend':
+    config.task.max_length = 512
+    config.task.eval_lengths = (512,)
+    config.task.eval_batches = 2
+    config.model.position.kind = 'rope'
+    config.model.position.original_length = 128
+    config.train.steps = 200
+    config.train.batch_size = 8
+    config.train.learning_rate = 1e-3
+    config.train.schedule = 'warmup_cosine'
+    config.train.warmup_steps = 20
+    config.train.log_every = 50
+    config.train.eval_every = 200
+    config.train.checkpoint_every = 100
   return config
