@@ -8,7 +8,8 @@ Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.
 run's training metrics; --output also gets one table (results.md, results.csv) and two plots (bits per
 character by length; by position within the window at the longest length) over every run and method.
 The original length is read from each run. Methods other than none apply to runs of a rotary variant;
-for the others they are skipped, with a line saying so. --factor is s for pi, ntk, yarn and llama3 (the
+for the others they are skipped, with a line saying so. --position sets other variants' analogues
+(interpolation_factor of sinusoidal and learned tables, the NoPE temperature of Llama 4) on every run. --factor is s for pi, ntk, yarn and llama3 (the
 new length over the original one; required for them), while dynamic_ntk computes its own.
 """
 
@@ -32,6 +33,9 @@ _FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn and 
 _PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', list(windows.PROTOCOLS), 'windows: non-overlapping; sliding: '
                               'a window every stride tokens, each token scored once (experiments/runs/windows.py).')
 _STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction of the window length, in (0, 1).')
+_POSITION = flags.DEFINE_string('position', '', 'FIELD=VALUE,... set on every run\'s model.position at evaluation: '
+                                'the analogues for other variants, e.g. interpolation_factor=4 (sinusoidal, learned) '
+                                'or temperature_scale=0.1,temperature_floor=128 (none).')
 _TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.')
 _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ (default: from the method, factor, '
@@ -55,15 +59,18 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
   for name, value in (('--tokens', _TOKENS.value), ('--batch_size', _BATCH_SIZE.value)):
     if value < 1:
       raise ValueError(f'{name}: got {value}; valid: a positive integer')
+  position = long_context.parse_position(_POSITION.value)
   return [long_context.Request(method=m, factor=_FACTOR.value if m in STATIC else 1.0, protocol=_PROTOCOL.value,
-                               stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value)
+                               stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value,
+                               position_overrides=position)
           for m in methods]
 
 
-def _label(workdir: str, method: str) -> str:
-  resolved = run_record.stored_config(workdir) or {}
+def _label(workdir: str, request: long_context.Request) -> str:
   name = os.path.basename(os.path.normpath(workdir))
-  return name if method == 'none' else f'{name} + {method}'
+  parts = [] if request.method == 'none' else [request.method]
+  parts += [f'{field}={value}' for field, value in request.position_overrides]
+  return ' + '.join([name] + parts)
 
 
 def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int], trained: int, protocol: str):
@@ -136,7 +143,7 @@ def main(argv):
           continue
         _, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
                                                log=lambda line: print(line, flush=True))
-        rows.append((_label(workdir, request.method), results))
+        rows.append((_label(workdir, request), results))
   except (OSError, KeyError, ValueError, FloatingPointError) as error:
     cli.fail(str(error))
   width = max(len(label) for label, _ in rows)

@@ -211,3 +211,45 @@ def test_extension_in_a_pattern_by_layer_reaches_its_rope_layers():
 def test_bad_extension_settings_are_refused_naming_the_field(fields, message):
   with pytest.raises(ValueError, match=message):
     T.PositionConfig('rope', **fields)
+
+
+def _embedding(kind, positions, **settings):
+  """The stack's embed hook applied to zeros: its position vectors, B x L x 16."""
+  config = T.PositionConfig(kind, **settings)
+  stack = config.variant.stack(config=config.settings, num_heads=2, head_dim=8, model_dim=16, num_layers=1,
+                               causal=True)
+  x = jnp.zeros(positions.shape + (16,))
+  variables = stack.init(jax.random.PRNGKey(0), x, positions, method='embed')
+  return variables, lambda settings_variables, p: stack.apply(settings_variables, jnp.zeros(p.shape + (16,)), p,
+                                                               method='embed')
+
+
+def test_sinusoidal_interpolation_reads_position_m_at_m_times_s():
+  positions = jnp.arange(0, 12, 3)[None]  # 0, 3, 6, 9 at s = 3 are 0, 1, 2, 3
+  variables, embed = _embedding('sinusoidal', positions, interpolation_factor=3.0)
+  np.testing.assert_allclose(embed(variables, positions), T.positions.sinusoidal_encoding(positions // 3, 16), atol=1e-6)
+
+
+def test_learned_interpolation_reads_rows_and_the_midpoints_between_them():
+  variables, embed = _embedding('learned', jnp.arange(7)[None], max_length=4, interpolation_factor=2.0)
+  table = np.asarray(variables['params']['table'])
+  got = np.asarray(embed(variables, jnp.arange(7)[None]))[0]
+  np.testing.assert_allclose(got[0::2], table, atol=1e-6)  # position 2m reads row m
+  np.testing.assert_allclose(got[1::2], (table[:-1] + table[1:]) / 2, atol=1e-6)
+  assert T.PositionConfig('learned', max_length=4, interpolation_factor=2.0).settings.longest_sequence() == 7
+  with pytest.raises(ValueError, match='7 rows'):
+    embed(variables, jnp.arange(8)[None])
+
+
+def test_nope_temperature_of_llama4_worked_by_hand():
+  """1 + 0.1 ln(floor((i + 1) / 4) + 1): 1 for i < 3, 1 + 0.1 ln 2 for i = 3..6, 1 + 0.1 ln 4 at i = 11."""
+  expected = [1.0, 1.0, 1.0, 1.0 + 0.1 * math.log(2), 1.0 + 0.1 * math.log(2), 1.0 + 0.1 * math.log(4)]
+  got = T.positions.none.query_temperature(jnp.array([[0, 1, 2, 3, 6, 11]]), 0.1, 4)
+  np.testing.assert_allclose(got[0], expected, rtol=1e-6)
+  inputs = tokens(2, 6)
+  plain = T.DecoderOnly(tiny('none'))
+  params = init(plain, inputs)
+  tempered = T.DecoderOnly(tiny('none', position=dict(temperature_scale=0.1, temperature_floor=4)))
+  np.testing.assert_array_equal(tempered.apply(params, inputs)[:, :3], plain.apply(params, inputs)[:, :3])
+  assert not np.allclose(tempered.apply(params, inputs)[:, 3:], plain.apply(params, inputs)[:, 3:], atol=1e-4)
+  assert not T.PositionConfig('none', temperature_scale=0.1).shift_invariant

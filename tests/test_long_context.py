@@ -139,3 +139,24 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   missing_factor = subprocess.run(command[:5] + ['--extension=yarn'], env=subprocess_environment(),
                                   capture_output=True, text=True, cwd=ROOT, check=False)
   assert missing_factor.returncode != 0 and '--factor: missing' in missing_factor.stderr
+
+
+def test_position_overrides_parse_to_numbers_and_words():
+  assert long_context.parse_position('interpolation_factor=4, temperature_floor=128,kind_of=x') == (
+      ('interpolation_factor', 4), ('temperature_floor', 128), ('kind_of', 'x'))
+  with pytest.raises(ValueError, match='--position'):
+    long_context.parse_position('interpolation_factor')
+
+
+@pytest.mark.slow
+def test_another_variants_analogue_is_set_at_evaluation(tmp_path):
+  """A sinusoidal run read at pos / 2: its own directory, other numbers; a setting its variant lacks is refused."""
+  workdir = str(tmp_path / 'sinusoidal')
+  trainer.run(smoke_experiment(**dict(TINY_SHAKESPEARE, **{'model.position.kind': 'sinusoidal'})), workdir)
+  _, plain = long_context.evaluate_run(workdir, [32], _request(), log=lambda line: None)
+  directory, interpolated = long_context.evaluate_run(
+      workdir, [32], _request(position_overrides=(('interpolation_factor', 2),)), log=lambda line: None)
+  assert directory.endswith('none-interpolation_factor2-sliding0.5-600')
+  assert interpolated[32]['bits_per_character'] != plain[32]['bits_per_character']
+  with pytest.raises(ValueError, match='temperature_scale.*not a setting of sinusoidal'):
+    long_context.evaluate_run(workdir, [32], _request(position_overrides=(('temperature_scale', 0.1),)))

@@ -36,17 +36,50 @@ class Request:
   stride_fraction: float  # sliding: the stride as a fraction of each length
   tokens: int           # the first this many tokens of the held-out stream are scored
   batch_size: int       # windows per batch
+  position_overrides: tuple = ()  # (field, value) pairs set on the run's model.position: another variant's analogue
+  #                       (interpolation_factor of sinusoidal and learned, the NoPE temperature)
 
 
 def default_name(request: Request) -> str:
   factor = '' if request.method in ('none', 'dynamic_ntk') else f'-x{request.factor:g}'
   protocol = request.protocol if request.protocol == 'windows' else f'sliding{request.stride_fraction:g}'
-  return f'{request.method}{factor}-{protocol}-{request.tokens}'
+  settings = ''.join(f'-{field}{value}' for field, value in request.position_overrides)
+  return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'
+
+
+def parse_position(text: str) -> tuple:
+  """'field=value,field=value' -> ((field, value), ...), values as the number or word they spell."""
+  pairs = []
+  for item in (part.strip() for part in text.split(',') if part.strip()):
+    field, separator, value = item.partition('=')
+    if not separator or not field:
+      raise ValueError(f'--position: got {item!r}; valid: FIELD=VALUE pairs separated by commas, e.g. '
+                       'interpolation_factor=4')
+    for convert in (int, float):
+      try:
+        value = convert(value)
+        break
+      except ValueError:
+        continue
+    pairs.append((field.strip(), value))
+  return tuple(pairs)
+
+
+def _with_position(config: transformer.ModelConfig, pairs: tuple) -> transformer.ModelConfig:
+  if not pairs:
+    return config
+  fields = dict(config.position.fields())
+  kind = fields.pop('kind')
+  for field, value in pairs:
+    current = fields.get(field)
+    fields[field] = float(value) if isinstance(current, float) else value
+  return config.replace(position=transformer.PositionConfig(kind, **fields))
 
 
 def extended_config(config: transformer.ModelConfig, resolved: dict, request: Request) -> tuple:
   """(model config, original length): the run's model with the requested extension. The original length is
   the run's own (position.original_length when it was trained with an extension, else task.max_length)."""
+  config = _with_position(config, request.position_overrides)
   settings = config.position.settings
   trained_length = int(resolved['task']['max_length'])
   if request.method == 'none':
@@ -134,6 +167,7 @@ def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optio
                      position=config.position.fields(), original_length=original,
                      trained_length=int(resolved['task']['max_length']),
                      init_from=resolved['train'].get('init_from', ''), **dataclasses.asdict(request))
+  description['position_overrides'] = [list(pair) for pair in request.position_overrides]
   description.pop('batch_size')  # how many windows run at once does not change a number
   directory = os.path.join(workdir, EVALUATIONS, name or default_name(request))
   spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.jsonl')
