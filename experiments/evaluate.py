@@ -40,6 +40,8 @@ _TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many token
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.')
 _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ (default: from the method, factor, '
                             'protocol and tokens).')
+_COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these comma-separated evaluation '
+                               'directories (RUN/evaluations/NAME) together, at --lengths, into --output.')
 _OUTPUT = flags.DEFINE_string('output', None, 'A directory for the table and plots over every run and method.')
 
 STATIC = ('pi', 'ntk', 'yarn', 'llama3')
@@ -66,11 +68,32 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
           for m in methods]
 
 
-def _label(workdir: str, request: long_context.Request) -> str:
+def _label(workdir: str, method: str, position_overrides) -> str:
   name = os.path.basename(os.path.normpath(workdir))
-  parts = [] if request.method == 'none' else [request.method]
-  parts += [f'{field}={value}' for field, value in request.position_overrides]
+  parts = [] if method == 'none' else [method]
+  parts += [f'{field}={value}' for field, value in position_overrides]
   return ' + '.join([name] + parts)
+
+
+def _collect(lengths: list[int]):
+  """(rows, the first run's training length, protocol) from evaluation directories, refusing a mix of protocols."""
+  rows, protocols, trained = [], set(), None
+  for directory in (d for d in _COLLECT.value.split(',') if d):
+    description, results = long_context.read_evaluation(directory, lengths)
+    protocols.add((description['protocol'], description['stride_fraction'], description['tokens']))
+    trained = trained or description['trained_length']
+    rows.append((_label(description['run'], description['method'], description['position_overrides']), results))
+  if len(protocols) > 1:
+    raise ValueError(f'--collect: the directories were evaluated under different protocols {sorted(protocols)} '
+                     '(protocol, stride, tokens); valid: evaluations of one protocol, comparable token for token')
+  return rows, trained, _protocol_text(*protocols.pop())
+
+
+def _protocol_text(protocol: str, stride_fraction: float, tokens: int) -> str:
+  windows_text = 'non-overlapping windows' if protocol == 'windows' else (
+      f'sliding windows, stride {stride_fraction:g} of the length')
+  return f'{windows_text}, the first {tokens} tokens'
+
 
 
 def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int], trained: int, protocol: str):
@@ -87,7 +110,7 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
     values = [results[length]['bits_per_character'] for length in lengths]
     table.append(f'| {label} | ' + ' | '.join(f'{v:.3f}' for v in values) + ' |')
     writer.writerow([label] + [f'{v:.5f}' for v in values])
-  note = (f'\nBits per character on the held-out plays ({protocol} windows; the first run was trained at {trained}).\n')
+  note = f'\nBits per character on the held-out stream ({protocol}; the first run was trained at {trained}).\n'
   write_text_atomically(os.path.join(output, 'results.md'), '\n'.join(table) + '\n' + note)
   write_text_atomically(os.path.join(output, 'results.csv'), buffer.getvalue())
   figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -116,9 +139,24 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
   return [os.path.join(output, 'results.md'), os.path.join(output, 'results.csv'), path]
 
 
+def _print_table(rows, lengths):
+  width = max(len(label) for label, _ in rows)
+  print(f'\n{"run":<{width}} ' + ' '.join(f'{length:>8}' for length in lengths))
+  for label, results in rows:
+    print(f'{label:<{width}} ' + ' '.join(f'{results[length]["bits_per_character"]:>8.3f}' for length in lengths))
+
+
 def main(argv):
   del argv
   try:
+    if _COLLECT.value:
+      if not _LENGTHS.value or not _OUTPUT.value:
+        raise ValueError('--collect: needs --lengths and --output')
+      lengths = sorted({int(x) for x in _LENGTHS.value.split(',')})
+      rows, trained, protocol = _collect(lengths)
+      _print_table(rows, lengths)
+      print('wrote ' + ', '.join(_write_outputs(_OUTPUT.value, rows, lengths, trained, protocol)))
+      return
     if not _WORKDIR.value:
       raise ValueError('--workdir: missing; valid: one or more comma-separated training runs')
     workdirs = [w for w in _WORKDIR.value.split(',') if w]
@@ -143,15 +181,13 @@ def main(argv):
           continue
         _, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
                                                log=lambda line: print(line, flush=True))
-        rows.append((_label(workdir, request), results))
+        rows.append((_label(workdir, request.method, request.position_overrides), results))
   except (OSError, KeyError, ValueError, FloatingPointError) as error:
     cli.fail(str(error))
-  width = max(len(label) for label, _ in rows)
-  print(f'\n{"run":<{width}} ' + ' '.join(f'{length:>8}' for length in lengths))
-  for label, results in rows:
-    print(f'{label:<{width}} ' + ' '.join(f'{results[length]["bits_per_character"]:>8.3f}' for length in lengths))
+  _print_table(rows, lengths)
   if _OUTPUT.value:
-    written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']), _PROTOCOL.value)
+    written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']),
+                             _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value))
     print('wrote ' + ', '.join(written))
 
 

@@ -136,6 +136,18 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   table = (output / 'results.md').read_text()
   assert all(label in table for label in ('| rope |', '| rope + ntk |', '| rope + dynamic_ntk |'))
   assert (output / 'plot_extension.png').stat().st_size > 0
+  evaluations = os.path.join(tiny_run, 'evaluations')
+  collected = tmp_path / 'collected'
+  collect = [sys.executable, '-m', 'experiments.evaluate', '--lengths=32', f'--output={collected}',
+             f'--collect={evaluations}/ntk-x2-sliding0.5-300,{evaluations}/none-sliding0.5-300']
+  done = subprocess.run(collect, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  rows = (collected / 'results.csv').read_text().splitlines()
+  assert rows[0] == 'run,32' and [row.split(',')[0] for row in rows[1:]] == ['rope + ntk', 'rope']
+  assert ',' + rows[1].split(',')[1] + '\n' in (output / 'results.csv').read_text()  # read back, not recomputed
+  missing_length = subprocess.run(collect[:3] + ['--lengths=4096'] + collect[4:], env=subprocess_environment(),
+                                  capture_output=True, text=True, cwd=ROOT, check=False)
+  assert missing_length.returncode != 0 and 'no result at lengths [4096]' in missing_length.stderr
   missing_factor = subprocess.run(command[:5] + ['--extension=yarn'], env=subprocess_environment(),
                                   capture_output=True, text=True, cwd=ROOT, check=False)
   assert missing_factor.returncode != 0 and '--factor: missing' in missing_factor.stderr

@@ -194,3 +194,19 @@ def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optio
     log(f'{workdir} {request.method}: length {length}: {record["bits_per_character"]:.4f} bits per character '
         f'({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
   return directory, {length: results[length] for length in lengths}
+
+
+def read_evaluation(directory: str, lengths: list[int]) -> tuple[dict, dict]:
+  """(evaluation.json, results by length) of an evaluation directory; a ValueError names missing lengths."""
+  spec_path = os.path.join(directory, 'evaluation.json')
+  if not os.path.exists(spec_path):
+    raise FileNotFoundError(f'--collect: {directory} has no evaluation.json; valid: a RUN/{EVALUATIONS}/NAME '
+                            'directory that experiments.evaluate wrote')
+  with open(spec_path) as file:
+    description = json.load(file)
+  results = _read_results(os.path.join(directory, 'results.jsonl'))
+  missing = [length for length in lengths if length not in results]
+  if missing:
+    raise ValueError(f'--collect: {directory} has no result at lengths {missing}; valid: lengths it has, '
+                     f'{sorted(results)}, or evaluate it there first')
+  return description, {length: results[length] for length in lengths}
