@@ -37,6 +37,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.bidirectional = True    # recurrent encoders read both directions
   config.model.remat = False           # recompute layer activations in the backward pass: less memory, more time
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
+  config.model.attention_implementation = 'auto'  # auto, explicit, blockwise, xla, cudnn (transformer/attention_core.py)
   config.model.attention_block_size = 128  # causal attention 128 queries at a time, later keys skipped; 0: one softmax
   config.model.attention_key_block_size = 0  # with blocks: keys per online-softmax block; 0: all at once
   config.model.randomized_max_length = 0  # > 0: positions a sorted random subset of [0, this) (Ruoss et al. 2023),

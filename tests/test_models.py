@@ -211,7 +211,7 @@ def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch
   through jax.nn.dot_product_attention (except Shaw, whose values term needs the weights); the
   outputs must not change."""
   calls = []
-  monkeypatch.setattr(attention, 'fused_attention_preferred', lambda: True)
+  monkeypatch.setattr(attention, 'current_backend', lambda: 'gpu')  # float32: XLA's fused attention, not cuDNN
   original = attention.fused_attention
   monkeypatch.setattr(attention, 'fused_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
   shaw = kind == 'shaw'

@@ -1,5 +1,6 @@
 """Scaled dot-product attention and multi-head attention (Vaswani et al. 2017, section 3.2)."""
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -8,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer import attention_core
 from transformer.blockwise import blockwise_attention, shared_by_query_block
 from transformer.layers import Dense, dropout, linear
 from transformer.positions.base import LayerPositions, Shared
@@ -52,28 +54,27 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
 
 
 def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, mask: Optional[chex.Array] = None,
-                    bias: Optional[chex.Array] = None, scale: Optional[float] = None) -> chex.Array:
-  """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K), which
-  never hands back the weights. Masks and biases are broadcast to B x H x Lq x Lk as it requires.
-  A fully masked row gives a uniform average here (zeros in scaled_dot_product_attention); no
-  model in this library produces one for a position whose output is used."""
+                    bias: Optional[chex.Array] = None, scale: Optional[float] = None,
+                    implementation: str = 'xla') -> chex.Array:
+  """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K) with the given
+  implementation ('xla' or 'cudnn'), which never hands back the weights. Masks and biases are broadcast
+  to B x H x Lq x Lk as it requires. A fully masked row gives a uniform average here (zeros in
+  scaled_dot_product_attention); no model in this library produces one for a position whose output is used."""
   batch, length_q, heads, _ = query.shape
   shape = (batch, heads, length_q, key.shape[1])
   if mask is not None:
     mask = jnp.broadcast_to(mask, shape)
   if bias is not None:
     bias = jnp.broadcast_to(bias.astype(query.dtype), shape)
-  output = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale)
+  output = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale,
+                                        implementation=implementation)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
 
 
-def fused_attention_preferred() -> bool:
-  """Whether weights-free attention goes through `jax.nn.dot_product_attention`: on GPUs only.
-  Called without `implementation`, as here, JAX runs its own XLA implementation (cuDNN's fused kernel
-  only when asked for by name). On CPUs the same computation runs faster as
-  scaled_dot_product_attention, heads first (BENCHMARKS.md, "The attention core alone")."""
-  return jax.default_backend() == 'gpu'
+def current_backend() -> str:
+  """jax.default_backend(): what attention_core.choose reads ('cpu', 'gpu', 'tpu')."""
+  return jax.default_backend()
 
 
 def _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk) -> bool:
@@ -99,9 +100,9 @@ class MultiHeadAttention(nn.Module):
 
   `positions` (the per-layer hooks of a positional variant) enter at fixed points and never by
   name: rotate the projected queries and keys, add a logits term, set the scale, add a values term.
-  On GPUs, unless something needs the weights themselves (a values term, attention dropout, or a
-  caller collecting 'intermediates'), attention runs through `jax.nn.dot_product_attention` (its XLA
-  implementation in JAX 0.10.2: fused_attention_preferred).
+  The attention core of each call (explicit softmax, blocks, XLA's or cuDNN's fused attention) is
+  chosen in one place, attention_core.choose, from the backend, the dtype and what the call needs,
+  or as model.attention_implementation asks.
   With block_size > 0, causal attention over sequences longer than a block runs through
   blockwise_attention instead: block_size queries at a time, position terms per block, the keys
   after a block skipped; with key_block_size also bidirectional attention, by an online softmax over
@@ -115,6 +116,7 @@ class MultiHeadAttention(nn.Module):
   dropout_rate: float = 0.0
   block_size: int = 0
   key_block_size: int = 0
+  implementation: str = 'auto'  # the attention core, chosen per call by attention_core.choose
 
   @nn.compact
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
@@ -184,19 +186,32 @@ class MultiHeadAttention(nn.Module):
     memory; `jax.nn.dot_product_attention` where it is preferred and nothing needs the weights; else
     the explicit softmax, whose weights are sown and feed the variant's values term."""
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
-    caller_needs_weights = rng is not None or self.is_mutable_collection('intermediates')
-    # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
-    # bidirectional attention in query blocks alone only recomputes.
-    blocks_pay = causal or self.key_block_size > 0
-    if (self.block_size and blocks_pay and not caller_needs_weights
-        and max(query.shape[1], key.shape[1]) > self.block_size):
+
+    def position_term():
+      if positions is None:
+        return None
+      return positions.logits(query, key, q_positions_BxLq, k_positions_BxLk, shared, scale)
+
+    needs = attention_core.CallNeeds(
+        backend=current_backend(), dtype=jnp.dtype(query.dtype).name,
+        caller_weights=rng is not None or self.is_mutable_collection('intermediates'),
+        values_term=positions is not None and positions.needs_weights(), position_term=False,
+        blocks_configured=self.block_size > 0,
+        # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
+        # bidirectional attention in query blocks alone only recomputes.
+        blocks_pay=(causal or self.key_block_size > 0) and max(query.shape[1], key.shape[1]) > self.block_size)
+    bias = None
+    if attention_core.may_use_cudnn(needs):  # whether the variant adds a term decides cuDNN
+      bias = position_term()
+      needs = dataclasses.replace(needs, position_term=bias is not None)
+    core = attention_core.choose(self.implementation, needs)
+    if core == 'blockwise':  # position terms per block, never for the whole call
       return self._blockwise(query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale,
                              causal)
-    bias = None if positions is None else positions.logits(query, key, q_positions_BxLq, k_positions_BxLk, shared,
-                                                           scale)
-    needs_weights = caller_needs_weights or (positions is not None and positions.needs_weights())
-    if not needs_weights and fused_attention_preferred():
-      return fused_attention(query, key, value, mask=mask, bias=bias, scale=scale)
+    if bias is None:
+      bias = position_term()
+    if core in ('xla', 'cudnn'):
+      return fused_attention(query, key, value, mask=mask, bias=bias, scale=scale, implementation=core)
     attended_BxLqxHxK, weights = scaled_dot_product_attention(
         query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
         dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)

@@ -67,14 +67,16 @@ class TransformerLayer(nn.Module):
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
         name='position')
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
-                                        config.attention_key_block_size, name='self_attention')
+                                        config.attention_key_block_size, config.attention_implementation,
+                                        name='self_attention')
     x_BxLxD = _Residual(config, name='self_attention_residual')(
         x_BxLxD, lambda y: self_attention(y, y, mask=self_mask, positions=hooks, q_positions_BxLq=positions_1xL,
                                           k_positions_BxLk=key_positions_1xT, shared=shared,
                                           causal=causal, deterministic=deterministic, **cache), deterministic)
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
-                                 config.attention_key_block_size, name='cross_attention')
+                                 config.attention_key_block_size, config.attention_implementation,
+                                 name='cross_attention')
       cross_hooks = config.position.variant.layer(
           **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
           name='cross_position') if config.aligned_cross_attention else None

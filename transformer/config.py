@@ -5,6 +5,7 @@ from typing import Optional
 
 import jax.numpy as jnp
 
+from transformer.attention_core import IMPLEMENTATIONS
 from transformer.positions import VARIANTS
 from transformer.positions.base import Settings, Variant, require
 
@@ -89,6 +90,8 @@ class ModelConfig:
   #                                    position (SAINT): cross-attention is causal and gets the variant's hooks
   randomized_max_length: int = 0     # > 0: positions are a sorted random subset of [0, this) (Ruoss et al.
   #                                    2023; positions/randomized.py), from the 'positions' rng; 0: 0 .. L-1
+  attention_implementation: str = 'auto'  # the attention core: auto, explicit, blockwise, xla, cudnn
+  #                                    (attention_core.py); anything but auto is refused where it cannot run
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
@@ -105,6 +108,8 @@ class ModelConfig:
     require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
     require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))
     require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
+    require(self.attention_implementation in IMPLEMENTATIONS, 'attention_implementation',
+            self.attention_implementation, ', '.join(IMPLEMENTATIONS))
     rows = self.position.settings.longest_sequence()
     require(rows is None or self.randomized_max_length <= rows, 'randomized_max_length', self.randomized_max_length,
             f'0 (off) or at most position.max_length={rows}, the rows of the {self.position.kind} table that '

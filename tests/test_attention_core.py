@@ -1,0 +1,92 @@
+"""The choice of attention core (transformer/attention_core.py): the rules for 'auto', explicit choices
+taken or refused naming the field, and the cores giving the explicit softmax's outputs in a model."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import attention_core
+from tests.helpers import init, tiny, tokens
+
+
+def _needs(backend='cpu', dtype='float32', caller_weights=False, values_term=False, position_term=False,
+           blocks_configured=True, blocks_pay=True):
+  return attention_core.CallNeeds(backend, dtype, caller_weights, values_term, position_term, blocks_configured,
+                                  blocks_pay)
+
+
+@pytest.mark.parametrize('needs, expected', [
+    (_needs(), 'blockwise'),                                         # CPU, long causal: blocks
+    (_needs(blocks_pay=False), 'explicit'),                          # CPU, short: one softmax
+    (_needs(blocks_configured=False), 'explicit'),
+    (_needs(values_term=True), 'blockwise'),                         # Shaw in blocks
+    (_needs(caller_weights=True), 'explicit'),                       # dropout / collected weights
+    (_needs(backend='tpu', blocks_pay=False), 'explicit'),
+    (_needs(backend='gpu'), 'blockwise'),                            # float32 on a GPU: blocks first
+    (_needs(backend='gpu', blocks_pay=False), 'xla'),
+    (_needs(backend='gpu', dtype='bfloat16'), 'cudnn'),              # half precision, nothing added
+    (_needs(backend='gpu', dtype='float16', blocks_pay=False), 'cudnn'),
+    (_needs(backend='gpu', dtype='bfloat16', position_term=True), 'blockwise'),   # ALiBi, T5: not cuDNN
+    (_needs(backend='gpu', dtype='bfloat16', position_term=True, blocks_pay=False), 'xla'),
+    (_needs(backend='gpu', dtype='bfloat16', values_term=True, blocks_pay=False), 'explicit'),
+    (_needs(backend='gpu', dtype='bfloat16', caller_weights=True), 'explicit'),
+])
+def test_auto_picks_by_backend_dtype_and_what_the_call_needs(needs, expected):
+  assert attention_core.choose('auto', needs) == expected
+
+
+@pytest.mark.parametrize('requested, needs', [
+    ('explicit', _needs(backend='gpu', dtype='bfloat16')),
+    ('blockwise', _needs(blocks_pay=False, values_term=True)),
+    ('xla', _needs()),
+    ('cudnn', _needs(backend='gpu', dtype='bfloat16', blocks_pay=False)),
+])
+def test_an_explicit_choice_that_can_run_is_taken(requested, needs):
+  assert attention_core.choose(requested, needs) == requested
+
+
+@pytest.mark.parametrize('requested, needs, reason', [
+    ('cudnn', _needs(), 'cuDNN runs on GPUs and this backend is cpu'),
+    ('cudnn', _needs(backend='gpu'), 'bfloat16 or float16 and the compute dtype is float32'),
+    ('cudnn', _needs(backend='gpu', dtype='bfloat16', position_term=True), 'adds a logits term'),
+    ('xla', _needs(values_term=True), "Shaw's"),
+    ('blockwise', _needs(blocks_configured=False), 'attention_block_size is 0'),
+    ('blockwise', _needs(caller_weights=True), 'never form'),
+    ('flash', _needs(), 'valid: auto, explicit, blockwise, xla, cudnn'),
+])
+def test_a_choice_that_cannot_run_is_refused_naming_the_field_and_why(requested, needs, reason):
+  with pytest.raises(ValueError, match='model.attention_implementation') as error:
+    attention_core.choose(requested, needs)
+  assert reason in str(error.value)
+
+
+def test_the_refusal_lists_what_would_run():
+  with pytest.raises(ValueError, match=r'valid here: auto, explicit, blockwise, xla$'):
+    attention_core.choose('cudnn', _needs())
+
+
+@pytest.mark.parametrize('kind', ['none', 'rope', 'alibi', 'shaw'])
+def test_every_core_that_runs_on_this_machine_gives_the_explicit_outputs(kind):
+  """A decoder of length 9 in blocks of 4: explicit, blockwise and (where no values term) XLA's fused call."""
+  inputs = tokens(2, 9)
+  outputs = {}
+  for implementation in ('explicit', 'blockwise', 'xla', 'auto'):
+    if implementation == 'xla' and kind == 'shaw':
+      continue
+    model = T.DecoderOnly(tiny(kind, attention_block_size=4, attention_implementation=implementation))
+    params = init(T.DecoderOnly(tiny(kind)), inputs)
+    outputs[implementation] = model.apply(params, inputs)
+  for implementation, logits in outputs.items():
+    np.testing.assert_allclose(logits, outputs['explicit'], atol=2e-5, rtol=1e-5, err_msg=implementation)
+
+
+def test_a_model_asked_for_cudnn_on_this_cpu_refuses_when_traced():
+  model = T.DecoderOnly(tiny('rope', attention_implementation='cudnn', compute_dtype='bfloat16'))
+  with pytest.raises(ValueError, match='cuDNN runs on GPUs'):
+    init(model, tokens(2, 5))
+
+
+def test_an_unknown_implementation_is_refused_by_the_config():
+  with pytest.raises(ValueError, match='attention_implementation'):
+    tiny('rope', attention_implementation='flash')
