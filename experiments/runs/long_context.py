@@ -174,6 +174,7 @@ def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optio
   if os.path.exists(spec_path):
     with open(spec_path) as file:
       recorded = json.load(file)
+    recorded.setdefault('position_overrides', [])  # written before overrides existed: none
     differing = sorted(key for key in set(recorded) | set(description) if recorded.get(key) != description.get(key))
     if differing:
       found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
@@ -204,6 +205,7 @@ def read_evaluation(directory: str, lengths: list[int]) -> tuple[dict, dict]:
                             'directory that experiments.evaluate wrote')
   with open(spec_path) as file:
     description = json.load(file)
+  description.setdefault('position_overrides', [])  # written before overrides existed: none
   results = _read_results(os.path.join(directory, 'results.jsonl'))
   missing = [length for length in lengths if length not in results]
   if missing:
