@@ -5,8 +5,9 @@
       [--tokens=65536] [--output=runs/extension]
 
 Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.py), never touching the
-run's training metrics; --output also gets one table (results.md, results.csv) and two plots (bits per
-character by length; by position within the window at the longest length) over every run and method.
+run's training metrics; --output also gets tables (results.md, results.csv: by length; by_position.md: by
+band of positions within the longest window) and two plots (by length; by position within the longest
+window) over every run and method.
 The original length is read from each run. Methods other than none apply to runs of a rotary variant;
 for the others they are skipped, with a line saying so. --position sets other variants' analogues
 (interpolation_factor of sinusoidal and learned tables, the NoPE temperature of Llama 4) on every run. --factor is s for pi, ntk, yarn and llama3 (the
@@ -96,6 +97,19 @@ def _protocol_text(protocol: str, stride_fraction: float, tokens: int) -> str:
 
 
 
+def _position_table(rows, length: int, trained: int, protocol: str) -> str:
+  """Mean bits per character by band of window positions, at the longest length, one row per run."""
+  bands = long_context.position_bands(length, trained)
+  header = ['run'] + [f'{first}-{last - 1}' for first, last in bands]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for label, results in rows:
+    by_position = np.asarray(results[length]['bits_by_position'])  # positions 1 .. L-1
+    means = [by_position[first - 1:last - 1].mean() for first, last in bands]
+    lines.append(f'| {label} | ' + ' | '.join(f'{m:.3f}' for m in means) + ' |')
+  return ('\n'.join(lines) + f'\n\nBits per character at each position of a window of {length}, averaged over the '
+          f'windows and over the positions of each band ({protocol}; trained at {trained}).\n')
+
+
 def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int], trained: int, protocol: str):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -112,6 +126,7 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
     writer.writerow([label] + [f'{v:.5f}' for v in values])
   note = f'\nBits per character on the held-out stream ({protocol}; the first run was trained at {trained}).\n'
   write_text_atomically(os.path.join(output, 'results.md'), '\n'.join(table) + '\n' + note)
+  write_text_atomically(os.path.join(output, 'by_position.md'), _position_table(rows, lengths[-1], trained, protocol))
   write_text_atomically(os.path.join(output, 'results.csv'), buffer.getvalue())
   figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
   for index, (label, results) in enumerate(rows):
@@ -136,7 +151,7 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
   path = os.path.join(output, 'plot_extension.png')
   figure.savefig(path, dpi=110)
   plt.close(figure)
-  return [os.path.join(output, 'results.md'), os.path.join(output, 'results.csv'), path]
+  return [os.path.join(output, name) for name in ('results.md', 'results.csv', 'by_position.md')] + [path]
 
 
 def _print_table(rows, lengths):

@@ -136,6 +136,7 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   table = (output / 'results.md').read_text()
   assert all(label in table for label in ('| rope |', '| rope + ntk |', '| rope + dynamic_ntk |'))
   assert (output / 'plot_extension.png').stat().st_size > 0
+  assert '| run | 1-15 | 16-31 |' in (output / 'by_position.md').read_text()  # trained at 16, windows of 32
   evaluations = os.path.join(tiny_run, 'evaluations')
   collected = tmp_path / 'collected'
   collect = [sys.executable, '-m', 'experiments.evaluate', '--lengths=32', f'--output={collected}',
@@ -172,3 +173,8 @@ def test_another_variants_analogue_is_set_at_evaluation(tmp_path):
   assert interpolated[32]['bits_per_character'] != plain[32]['bits_per_character']
   with pytest.raises(ValueError, match='temperature_scale.*not a setting of sinusoidal'):
     long_context.evaluate_run(workdir, [32], _request(position_overrides=(('temperature_scale', 0.1),)))
+
+
+def test_position_bands_run_to_the_training_length_then_double():
+  assert long_context.position_bands(2048, 128) == [(1, 128), (128, 256), (256, 512), (512, 1024), (1024, 2048)]
+  assert long_context.position_bands(100, 128) == [(1, 100)]

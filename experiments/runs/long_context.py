@@ -130,6 +130,15 @@ def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length:
               bits_by_position=[round(float(b), 5) for b in by_position[1:]])  # position 1 .. L-1
 
 
+def position_bands(length: int, trained: int) -> list[tuple[int, int]]:
+  """Window positions [first, last) in bands: up to the training length, then doubling to the window's end."""
+  bands, first, last = [], 1, min(trained, length)
+  while first < length:
+    bands.append((first, last))
+    first, last = last, min(2 * last, length)
+  return bands
+
+
 def _read_results(path: str) -> dict:
   results = {}
   if os.path.exists(path):
