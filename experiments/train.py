@@ -47,6 +47,7 @@ def prepare():
     workdirs = settings.seed_workdirs(_WORKDIR.value, experiment.seed, _SEEDS.value)
     for workdir in workdirs:
       settings.check_workdir(workdir)
+    settings.check_init_from(experiment)
   except settings.ConfigError as error:
     cli.fail(str(error))
   return experiment, workdirs

@@ -178,3 +178,13 @@ def test_another_variants_analogue_is_set_at_evaluation(tmp_path):
 def test_position_bands_run_to_the_training_length_then_double():
   assert long_context.position_bands(2048, 128) == [(1, 128), (128, 256), (256, 512), (512, 1024), (1024, 2048)]
   assert long_context.position_bands(100, 128) == [(1, 100)]
+
+
+@pytest.mark.slow
+def test_a_missing_source_to_fine_tune_from_is_refused_before_the_run_is_created(tmp_path):
+  workdir = tmp_path / 'tuned'
+  done = subprocess.run([sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py', f'--workdir={workdir}',
+                         f'--config.train.init_from={tmp_path / "no-such-run"}'], env=subprocess_environment(),
+                        capture_output=True, text=True, cwd=ROOT, check=False)
+  assert done.returncode != 0 and 'train.init_from' in done.stderr and 'no checkpoints directory' in done.stderr
+  assert not workdir.exists()

@@ -156,9 +156,6 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     _positive(f'train.{name}', getattr(train, name))
   for name in ('warmup_steps', 'weight_decay'):
     _positive(f'train.{name}', getattr(train, name), allow_zero=True)
-  if train.init_from and not os.path.isdir(os.path.join(train.init_from, 'checkpoints')):
-    raise ConfigError(f'train.init_from: got {train.init_from!r}, which has no checkpoints directory; valid: the '
-                      f'--workdir of a training run, or empty for a fresh initialisation')
   if not train.gradient_clip >= 0:
     raise ConfigError(f'train.gradient_clip: got {train.gradient_clip!r}; valid: a positive global norm, or 0 '
                       f'for no clipping')
@@ -226,6 +223,15 @@ def evaluation_width_cap(experiment: Experiment) -> Optional[int]:
 def position_table_length(model: transformer.ModelConfig) -> Optional[int]:
   """The longest sequence the variant can represent (a learned table's rows), or None: any."""
   return model.position.settings.longest_sequence()
+
+
+def check_init_from(experiment: Experiment) -> None:
+  """ConfigError unless train.init_from is empty or a run directory with checkpoints (checked before a run is
+  created, so a mistyped source leaves nothing behind)."""
+  source = experiment.train.init_from
+  if source and not os.path.isdir(os.path.join(source, 'checkpoints')):
+    raise ConfigError(f'train.init_from: got {source!r}, which has no checkpoints directory; valid: the --workdir '
+                      f'of a training run, or empty for a fresh initialisation')
 
 
 def check_workdir(workdir: str) -> None:
