@@ -4,8 +4,8 @@
       --extension=none,pi,ntk,dynamic_ntk,yarn,llama3 --factor=16 [--protocol=sliding --stride=0.5] \
       [--tokens=65536] [--output=runs/extension]
 
-Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.py), never touching the
-run's training metrics; --output also gets tables (results.md, results.csv: by length; by_position.md: by
+Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.py: evaluation.json,
+results.jsonl; and this command's tables and plot of it), never touching the run's training metrics; --output also gets tables (results.md, results.csv: by length; by_position.md: by
 band of positions within the longest window) and two plots (by length; by position within the longest
 window) over every run and method.
 The original length is read from each run. Methods other than none apply to runs of a rotary variant;
@@ -194,9 +194,12 @@ def main(argv):
         if request.method != 'none' and not rotary:
           print(f'{workdir}: {kind} is not rotary; --extension={request.method} skipped for it', flush=True)
           continue
-        _, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
-                                               log=lambda line: print(line, flush=True))
-        rows.append((_label(workdir, request.method, request.position_overrides), results))
+        directory, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
+                                                       log=lambda line: print(line, flush=True))
+        row = (_label(workdir, request.method, request.position_overrides), results)
+        _write_outputs(directory, [row], lengths, int(resolved['task']['max_length']),
+                       _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value))  # this run's view
+        rows.append(row)
   except (OSError, KeyError, ValueError, FloatingPointError) as error:
     cli.fail(str(error))
   _print_table(rows, lengths)

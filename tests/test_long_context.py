@@ -3,6 +3,7 @@ fine-tuning from a finished run (train.init_from)."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -137,6 +138,8 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   assert all(label in table for label in ('| rope |', '| rope + ntk |', '| rope + dynamic_ntk |'))
   assert (output / 'plot_extension.png').stat().st_size > 0
   assert '| run | 1-15 | 16-31 |' in (output / 'by_position.md').read_text()  # trained at 16, windows of 32
+  own = pathlib.Path(tiny_run) / 'evaluations' / 'ntk-x2-sliding0.5-300'
+  assert '| rope + ntk |' in (own / 'results.md').read_text() and (own / 'plot_extension.png').exists()
   evaluations = os.path.join(tiny_run, 'evaluations')
   collected = tmp_path / 'collected'
   collect = [sys.executable, '-m', 'experiments.evaluate', '--lengths=32', f'--output={collected}',
