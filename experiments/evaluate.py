@@ -5,13 +5,15 @@
       [--tokens=65536] [--output=runs/extension]
 
 Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.py: evaluation.json,
-results.jsonl; and this command's tables and plot of it), never touching the run's training metrics; --output also gets tables (results.md, results.csv: by length; by_position.md: by
-band of positions within the longest window) and two plots (by length; by position within the longest
-window) over every run and method.
-The original length is read from each run. Methods other than none apply to runs of a rotary variant;
-for the others they are skipped, with a line saying so. --position sets other variants' analogues
-(interpolation_factor of sinusoidal and learned tables, the NoPE temperature of Llama 4) on every run. --factor is s for pi, ntk, yarn and llama3 (the
-new length over the original one; required for them), while dynamic_ntk computes its own.
+results.jsonl; and this command's tables and plot of them), never touching the run's training metrics.
+--output also gets the tables (results.md and results.csv by length; by_position.md by band of positions
+within the longest window) and the plot (by length; by position within the longest window) over every
+run and method; --collect writes them from evaluation directories already on disk. The original length is
+read from each run. Methods other than none apply to runs of a rotary variant; for the others they are
+skipped, with a line saying so. --factor is s for pi, ntk, yarn and llama3 (the new length over the
+original one; required for them), while dynamic_ntk computes its own. --position sets other variants'
+analogues (interpolation_factor of sinusoidal and learned tables, the NoPE temperature of Llama 4) on
+every run.
 """
 
 import csv
@@ -25,6 +27,7 @@ import transformer
 from experiments.runs import long_context, run_record, windows
 from experiments.shared import cli
 from experiments.shared.files import write_text_atomically
+from experiments.sweeps.results import line_style
 from transformer.positions.extension import ExtensionSettings, METHODS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of a language model.')
@@ -96,7 +99,6 @@ def _protocol_text(protocol: str, stride_fraction: float, tokens: int) -> str:
   return f'{windows_text}, the first {tokens} tokens'
 
 
-
 def _position_table(rows, length: int, trained: int, protocol: str) -> str:
   """Mean bits per character by band of window positions, at the longest length, one row per run."""
   bands = long_context.position_bands(length, trained)
@@ -130,12 +132,12 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
   write_text_atomically(os.path.join(output, 'results.csv'), buffer.getvalue())
   figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
   for index, (label, results) in enumerate(rows):
-    style = dict(linestyle='-' if index < 10 else '--', marker='o' if index < 10 else 's')
+    style = line_style(index)
     by_length.plot(lengths, [results[length]['bits_per_character'] for length in lengths], label=label, **style)
     curve = np.asarray(results[lengths[-1]]['bits_by_position'])
     width = max(1, len(curve) // 64)
     smooth = np.convolve(curve, np.ones(width) / width, mode='valid')
-    by_position.plot(np.arange(1, len(smooth) + 1) + width // 2, smooth, label=label,
+    by_position.plot(np.arange(1, len(smooth) + 1) + width // 2, smooth, label=label, color=style['color'],
                      linestyle=style['linestyle'])
   by_length.set_xscale('log', base=2)
   by_length.set_xlabel('window length')
@@ -183,6 +185,7 @@ def main(argv):
                else sorted(first['task']['eval_lengths']))
     if min(lengths) < 2:
       raise ValueError(f'--lengths: got {_LENGTHS.value!r}; valid: comma-separated window lengths >= 2')
+    protocol = _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value)
     rows = []
     for workdir in workdirs:
       resolved = run_record.stored_config(workdir)
@@ -197,15 +200,13 @@ def main(argv):
         directory, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
                                                        log=lambda line: print(line, flush=True))
         row = (_label(workdir, request.method, request.position_overrides), results)
-        _write_outputs(directory, [row], lengths, int(resolved['task']['max_length']),
-                       _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value))  # this run's view
+        _write_outputs(directory, [row], lengths, int(resolved['task']['max_length']), protocol)  # this run's view
         rows.append(row)
   except (OSError, KeyError, ValueError, FloatingPointError) as error:
     cli.fail(str(error))
   _print_table(rows, lengths)
   if _OUTPUT.value:
-    written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']),
-                             _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value))
+    written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']), protocol)
     print('wrote ' + ', '.join(written))
 
 

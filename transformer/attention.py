@@ -182,9 +182,9 @@ class MultiHeadAttention(nn.Module):
 
   def _attend(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale, causal,
               deterministic) -> chex.Array:
-    """The attention core, chosen here: query blocks (blockwise_attention) where they skip work or bound
-    memory; `jax.nn.dot_product_attention` where it is preferred and nothing needs the weights; else
-    the explicit softmax, whose weights are sown and feed the variant's values term."""
+    """The attention core attention_core.choose picks: query blocks (blockwise_attention),
+    `jax.nn.dot_product_attention` (XLA's or cuDNN's), or the explicit softmax, whose weights are sown and
+    feed the variant's values term. The whole-call position term is built only where a core uses it."""
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
 
     def position_term():

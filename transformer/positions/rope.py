@@ -37,15 +37,14 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> chex.Array:
 def rotate_by(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, theta_P: chex.Array,
               scale_BxLxP: Optional[chex.Array] = None, magnitude=1.0) -> chex.Array:
   """Pair p of every head rotated by pos * theta_p (and multiplied by scale[pos, p], xPos, and by
-  magnitude, YaRN), in float32, returned in x's dtype. theta is P, or B x P for frequencies by row
-  (dynamic scaling). A zero frequency leaves its pair exactly as it is (cos 0 = 1, sin 0 = 0)."""
-  chex.assert_rank([x_BxLxHxK, positions_BxL], [4, 2])
+  magnitude, YaRN), in float32, returned in x's dtype. A zero frequency leaves its pair exactly as it
+  is (cos 0 = 1, sin 0 = 0)."""
+  chex.assert_rank([x_BxLxHxK, positions_BxL, theta_P], [4, 2, 1])
   head_dim = x_BxLxHxK.shape[-1]
   if head_dim % 2:
     raise ValueError(f'rope rotates pairs of dimensions: head_dim must be even, got {head_dim}')
-  chex.assert_axis_dimension(theta_P, -1, head_dim // 2)
-  theta_Bx1xP = theta_P[:, None, :] if theta_P.ndim == 2 else theta_P[None, None, :]
-  angle_BxLx1xP = (positions_BxL.astype(jnp.float32)[..., None] * theta_Bx1xP.astype(jnp.float32))[:, :, None, :]
+  chex.assert_shape(theta_P, (head_dim // 2,))
+  angle_BxLx1xP = (positions_BxL.astype(jnp.float32)[..., None] * theta_P.astype(jnp.float32))[:, :, None, :]
   cos, sin = jnp.cos(angle_BxLx1xP), jnp.sin(angle_BxLx1xP)
   if scale_BxLxP is not None:
     scale_BxLx1xP = scale_BxLxP.astype(jnp.float32)[:, :, None, :]
@@ -85,7 +84,9 @@ class RotaryLayer(LayerPositions):
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     head_dim = query_BxLqxHxK.shape[-1]
     q_scale, k_scale = self.position_scales(q_positions_BxLq, k_positions_BxLk, head_dim)
-    if self.config.per_query():  # scaled only; logits() rotates
+    if self.config.per_query():  # scaled only (xPos); logits() rotates
+      if q_scale is None:
+        return query_BxLqxHxK, key_BxLkxHxK
       theta_P, magnitude = jnp.zeros(head_dim // 2, jnp.float32), 1.0
     else:
       theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.config)
