@@ -11,9 +11,9 @@ from tests.helpers import init, tiny, tokens
 
 
 def _needs(backend='cpu', dtype='float32', caller_weights=False, values_term=False, position_term=False,
-           blocks_configured=True, blocks_pay=True):
+           blocks_configured=True, blocks_pay=True, kernel_serves=True, mask_in_parts=True):
   return attention_core.CallNeeds(backend, dtype, caller_weights, values_term, position_term, blocks_configured,
-                                  blocks_pay)
+                                  blocks_pay, kernel_serves, mask_in_parts)
 
 
 @pytest.mark.parametrize('needs, expected', [
@@ -41,6 +41,9 @@ def test_auto_picks_by_backend_dtype_and_what_the_call_needs(needs, expected):
     ('blockwise', _needs(blocks_pay=False, values_term=True)),
     ('xla', _needs()),
     ('cudnn', _needs(backend='gpu', dtype='bfloat16', blocks_pay=False)),
+    ('pallas', _needs(backend='gpu', dtype='bfloat16', position_term=True)),   # ALiBi, T5, KERPLE in the kernel
+    ('pallas', _needs(backend='tpu')),
+    ('pallas', _needs()),                                                       # interpreted on a CPU
 ])
 def test_an_explicit_choice_that_can_run_is_taken(requested, needs):
   assert attention_core.choose(requested, needs) == requested
@@ -53,7 +56,11 @@ def test_an_explicit_choice_that_can_run_is_taken(requested, needs):
     ('xla', _needs(values_term=True), "Shaw's"),
     ('blockwise', _needs(blocks_configured=False), 'attention_block_size is 0'),
     ('blockwise', _needs(caller_weights=True), 'never form'),
-    ('flash', _needs(), 'valid: auto, explicit, blockwise, xla, cudnn'),
+    ('pallas', _needs(backend='gpu', kernel_serves=False), 'not one the kernel computes'),   # TUPE, FIRE, ...
+    ('pallas', _needs(backend='gpu', mask_in_parts=False), 'not the causal mask and padding given as such'),
+    ('pallas', _needs(backend='gpu', caller_weights=True), 'never forms'),
+    ('pallas', _needs(values_term=True), "Shaw's"),
+    ('flash', _needs(), 'valid: auto, explicit, blockwise, xla, cudnn, pallas'),
 ])
 def test_a_choice_that_cannot_run_is_refused_naming_the_field_and_why(requested, needs, reason):
   with pytest.raises(ValueError, match='model.attention_implementation') as error:
@@ -62,8 +69,19 @@ def test_a_choice_that_cannot_run_is_refused_naming_the_field_and_why(requested,
 
 
 def test_the_refusal_lists_what_would_run():
-  with pytest.raises(ValueError, match=r'valid here: auto, explicit, blockwise, xla$'):
+  with pytest.raises(ValueError, match=r'valid here: auto, explicit, blockwise, xla, pallas$'):
     attention_core.choose('cudnn', _needs())
+  with pytest.raises(ValueError, match=r'valid here: auto, explicit, blockwise, xla$'):
+    attention_core.choose('cudnn', _needs(kernel_serves=False))
+
+
+@pytest.mark.parametrize('backend, dtype', [('gpu', 'bfloat16'), ('gpu', 'float32'), ('tpu', 'bfloat16'),
+                                            ('cpu', 'float32')])
+def test_auto_leaves_the_pallas_kernel_to_be_asked_for(backend, dtype):
+  for position_term in (False, True):
+    for blocks_pay in (False, True):
+      needs = _needs(backend=backend, dtype=dtype, position_term=position_term, blocks_pay=blocks_pay)
+      assert attention_core.choose('auto', needs) != 'pallas'
 
 
 @pytest.mark.parametrize('kind', ['none', 'rope', 'alibi', 'shaw'])

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from transformer import attention_core
 from transformer.blockwise import blockwise_attention, shared_by_query_block
+from transformer.flash_attention import flash_attention
 from transformer.layers import Dense, dropout, linear
 from transformer.positions.base import LayerPositions, Shared
 from transformer.positions.relative import contiguous_offset
@@ -77,6 +78,11 @@ def current_backend() -> str:
   return jax.default_backend()
 
 
+def kernel_platform(backend: str) -> str:
+  """flash_attention's platform on a backend: compiled on GPUs and TPUs, interpreted elsewhere."""
+  return backend if backend in ('gpu', 'tpu') else 'interpret'
+
+
 def _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk) -> bool:
   """Whether queries and keys are the same run of positions, known while tracing."""
   consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
@@ -110,7 +116,8 @@ class MultiHeadAttention(nn.Module):
   terms only on the band of keys within its clipping distance: LayerPositions.causal_band).
   With use_cache, incremental decoding: keys and values kept in the 'cache' collection.
   Cross-attention passes no hooks unless source and target are aligned step by step. The weights
-  are sown as 'intermediates/attention_weights'.
+  are sown as 'intermediates/attention_weights'. The Pallas kernel (flash_attention.py) takes the mask
+  as its parts, mask_parts = (causal, key_valid_BxLk), and the variant's term as its kernel_term.
   """
   num_heads: int
   dropout_rate: float = 0.0
@@ -123,8 +130,12 @@ class MultiHeadAttention(nn.Module):
                mask: Optional[chex.Array] = None, positions: Optional[LayerPositions] = None,
                q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
                shared: Shared = None, causal: bool = False, deterministic: bool = True,
-               use_cache: bool = False, cache_index: Optional[chex.Array] = None) -> chex.Array:
+               use_cache: bool = False, cache_index: Optional[chex.Array] = None,
+               mask_parts: Optional[tuple] = None, kernel_shared: Shared = None) -> chex.Array:
     """causal: the mask is causal and queries and keys share positions (lets blocks be skipped).
+    mask_parts: None, or (causal, key_valid_BxLk or None) when the mask is exactly the causal mask (if
+    causal) and the keys' padding (if given): what a kernel takes instead of the mask.
+    kernel_shared: the stack's kernel_shared(), for the layer's kernel_term.
 
     use_cache: incremental decoding through the 'cache' collection. The first call (cache_index
     None) stores this call's projected (and rotated) keys and values, whose length is the cache's
@@ -147,7 +158,7 @@ class MultiHeadAttention(nn.Module):
     if use_cache:
       key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
     attended_BxLqxHxK = self._attend(query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared,
-                                     scale, causal, deterministic)
+                                     scale, causal, deterministic, mask_parts, kernel_shared)
     return Dense(width, name='out')(merge_heads(attended_BxLqxHxK))
 
   def _project(self, inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention: bool, reads_memory_cache: bool):
@@ -181,10 +192,11 @@ class MultiHeadAttention(nn.Module):
     return query, key, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 
   def _attend(self, query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale, causal,
-              deterministic) -> chex.Array:
+              deterministic, mask_parts, kernel_shared) -> chex.Array:
     """The attention core attention_core.choose picks: query blocks (blockwise_attention),
-    `jax.nn.dot_product_attention` (XLA's or cuDNN's), or the explicit softmax, whose weights are sown and
-    feed the variant's values term. The whole-call position term is built only where a core uses it."""
+    `jax.nn.dot_product_attention` (XLA's or cuDNN's), the Pallas kernel (flash_attention), or the explicit
+    softmax, whose weights are sown and feed the variant's values term. The whole-call position term is
+    built only where a core uses it."""
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
 
     def position_term():
@@ -199,12 +211,22 @@ class MultiHeadAttention(nn.Module):
         blocks_configured=self.block_size > 0,
         # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
         # bidirectional attention in query blocks alone only recomputes.
-        blocks_pay=(causal or self.key_block_size > 0) and max(query.shape[1], key.shape[1]) > self.block_size)
+        blocks_pay=(causal or self.key_block_size > 0) and max(query.shape[1], key.shape[1]) > self.block_size,
+        kernel_serves=positions is None or positions.kernel_serves(),
+        mask_in_parts=mask is None or mask_parts is not None)
     bias = None
     if attention_core.may_use_cudnn(needs):  # whether the variant adds a term decides cuDNN
       bias = position_term()
       needs = dataclasses.replace(needs, position_term=bias is not None)
     core = attention_core.choose(self.implementation, needs)
+    if core == 'pallas':
+      kernel_causal, key_valid_BxLk = (False, None) if mask_parts is None else mask_parts
+      return flash_attention(query, key, value, causal=kernel_causal, key_valid_BxLk=key_valid_BxLk,
+                             q_positions_BxLq=None if positions is None else q_positions_BxLq,
+                             k_positions_BxLk=None if positions is None else k_positions_BxLk,
+                             term=None if positions is None else positions.kernel_term(kernel_shared), scale=scale,
+                             block_q=self.block_size or 128, block_k=self.key_block_size or self.block_size or 128,
+                             platform=kernel_platform(needs.backend))
     if core == 'blockwise':  # position terms per block, never for the whole call
       return self._blockwise(query, key, value, mask, positions, q_positions_BxLq, k_positions_BxLk, shared, scale,
                              causal)

@@ -10,17 +10,22 @@
   cudnn      jax.nn.dot_product_attention(implementation='cudnn'): cuDNN's fused flash attention, on GPUs,
              in bfloat16 or float16, for variants that add no logits term (none, the rotary ones, the
              embedding ones), never forming weights.
+  pallas     flash_attention.py: a Pallas flash attention kernel that computes the variant's term inside
+             from positions and head (its kernel_term: ALiBi, T5, KERPLE) or adds none; Triton on GPUs,
+             Mosaic on TPUs, Pallas' interpreter elsewhere (slow: for tests). The mask must be the
+             causal mask and the keys' padding, given as such (not a cached decoding step's).
 
 'auto' (model.attention_implementation's default) picks, given what the call needs: cudnn on a GPU in
 half precision where nothing rules it out; else blocks where they pay (causal attention, or key blocks,
-longer than a block); else xla on a GPU where no weights are needed; else explicit. Any other choice is
+longer than a block); else xla on a GPU where no weights are needed; else explicit. pallas runs where
+asked for (docs/architecture.md says why auto leaves it). Any other choice is
 taken as asked, or refused with a ValueError naming model.attention_implementation, what rules it out
 and what would run.
 """
 
 import dataclasses
 
-IMPLEMENTATIONS = ('auto', 'explicit', 'blockwise', 'xla', 'cudnn')
+IMPLEMENTATIONS = ('auto', 'explicit', 'blockwise', 'xla', 'cudnn', 'pallas')
 HALF_PRECISION = ('bfloat16', 'float16')
 
 
@@ -34,6 +39,8 @@ class CallNeeds:
   position_term: bool          # the variant adds a logits term (a bias, or one that reads q and k)
   blocks_configured: bool      # model.attention_block_size > 0
   blocks_pay: bool             # blocks would skip work or bound memory here (causal or key blocks, long)
+  kernel_serves: bool = False  # the variant adds no term, or one a kernel computes inside (kernel_term)
+  mask_in_parts: bool = False  # the mask is None, or the causal mask and the keys' padding given as such
 
 
 def _refusal(requested: str, reason: str, needs: CallNeeds) -> ValueError:
@@ -54,6 +61,12 @@ def _runs(choice: str, needs: CallNeeds):
   if needs.caller_weights or needs.values_term:
     return f'this call needs the attention weights (a values term such as Shaw\'s, attention dropout or ' \
            f'collected weights), which {choice} never forms'
+  if choice == 'pallas':
+    if not needs.kernel_serves:
+      return 'the positional variant\'s term is not one the kernel computes from positions and head (kernel_term)'
+    if not needs.mask_in_parts:
+      return 'the mask is not the causal mask and padding given as such (a cached decoding step\'s, or another)'
+    return None
   if choice == 'cudnn':
     if needs.backend != 'gpu':
       return f'cuDNN runs on GPUs and this backend is {needs.backend}'

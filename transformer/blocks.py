@@ -53,9 +53,12 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
-               key_positions_1xT=None, use_cache: bool = False, cache_index=None):
+               key_positions_1xT=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
+               memory_valid_BxLs=None, kernel_shared: Shared = None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
+    valid_BxL, memory_valid_BxLs: the padding the masks were built from, which a kernel takes as such
+    (MultiHeadAttention's mask_parts); kernel_shared: the stack's, for the kernel's position terms.
     key_positions_1xT: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
     MultiHeadAttention's."""
@@ -72,7 +75,9 @@ class TransformerLayer(nn.Module):
     x_BxLxD = _Residual(config, name='self_attention_residual')(
         x_BxLxD, lambda y: self_attention(y, y, mask=self_mask, positions=hooks, q_positions_BxLq=positions_1xL,
                                           k_positions_BxLk=key_positions_1xT, shared=shared,
-                                          causal=causal, deterministic=deterministic, **cache), deterministic)
+                                          causal=causal, deterministic=deterministic, **cache,
+                                          mask_parts=(causal, valid_BxL) if cache_index is None else None,
+                                          kernel_shared=kernel_shared), deterministic)
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                  config.attention_key_block_size, config.attention_implementation,
@@ -83,7 +88,9 @@ class TransformerLayer(nn.Module):
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
           x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, positions=cross_hooks,
                                    q_positions_BxLq=positions_1xL, k_positions_BxLk=key_positions_1xT,
-                                   shared=shared, deterministic=deterministic, **cache),
+                                   shared=shared, deterministic=deterministic, **cache,
+                                   mask_parts=None if config.aligned_cross_attention else (False, memory_valid_BxLs),
+                                   kernel_shared=kernel_shared),
           deterministic)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
                                name='feed_forward')
@@ -139,7 +146,10 @@ class TransformerStack(nn.Module):
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = hooks.embed(x_BxLxD, positions_1xL).astype(config.dtype)  # a float32 table would promote
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
-    shared = hooks.shared(positions_1xL, key_positions_1xT)
+    # The Pallas kernel computes the terms from kernel_shared: the stack's whole-call terms would go unused.
+    pallas = config.attention_implementation == 'pallas'
+    shared = None if pallas else hooks.shared(positions_1xL, key_positions_1xT)
+    kernel_shared = hooks.kernel_shared()
     if cache_index is None:
       self_mask = self_attention_mask(valid_BxL, length, self.causal)
     else:  # each query sees the slots up to its own position
@@ -159,11 +169,12 @@ class TransformerStack(nn.Module):
     layer_type = nn.remat(TransformerLayer) if config.remat and not use_cache else TransformerLayer
     cached_step = {} if not use_cache else dict(key_positions_1xT=key_positions_1xT, use_cache=True,
                                                 cache_index=cache_index)
+    mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared)
     for index in range(self.num_layers):
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                          deterministic=deterministic, layer_index=index, name=f'layer_{index}')
       x_BxLxD = layer(x_BxLxD, self_mask=self_mask, positions_1xL=positions_1xL, shared=shared,
-                      memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step)
+                      memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources)
     if config.norm == 'pre':
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))

@@ -12,6 +12,7 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.flash_attention import KernelTerm
 from transformer.positions.base import LayerPositions, StackPositions, Variant, relative_positions
 
 
@@ -29,12 +30,16 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
   return np.asarray(slopes, dtype=np.float32)
 
 
+def alibi_distance(relative: chex.Array, causal: bool) -> chex.Array:
+  """i - j for a causal decoder (future keys are masked), |i - j| for encoders; elementwise, from j - i."""
+  return -relative if causal else jnp.abs(relative)
+
+
 def alibi_bias(q_positions_BxLq, k_positions_BxLk, num_heads: int, causal: bool) -> chex.Array:
   """-m_h * distance: B x H x Lq x Lk, float32."""
   relative_BxLqxLk = relative_positions(q_positions_BxLq, k_positions_BxLk).astype(jnp.float32)
-  distance = -relative_BxLqxLk if causal else jnp.abs(relative_BxLqxLk)
   slopes_H = jnp.asarray(alibi_slopes(num_heads))
-  return -slopes_H[None, :, None, None] * distance[:, None]
+  return -slopes_H[None, :, None, None] * alibi_distance(relative_BxLqxLk, causal)[:, None]
 
 
 class AlibiStack(StackPositions):
@@ -48,6 +53,16 @@ class AlibiLayer(LayerPositions):
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     return shared
+
+  def kernel_term(self, kernel_shared):
+    causal = self.causal
+
+    def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
+      return -parameters[0] * alibi_distance(k_positions_1xBk - q_positions_Bqx1, causal)
+    return KernelTerm(bias, jnp.asarray(alibi_slopes(self.num_heads))[:, None])
+
+  def kernel_serves(self):
+    return True
 
 
 VARIANT = Variant(AlibiStack, AlibiLayer, 'Press et al. 2022', shift_invariant=True)

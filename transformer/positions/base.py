@@ -22,6 +22,13 @@ variant, and never branches on the variant's name.
     scale()                      the logit scale (None: 1/sqrt(head_dim))    TUPE: 1/sqrt(2d)
     causal_band()                an object whose terms blockwise causal      Shaw
                                  attention may use on a band of keys only
+    kernel_term(kernel_shared)   logits() as a function of positions and a   ALiBi, T5, KERPLE
+                                 few numbers per head, which a fused kernel
+                                 computes inside (flash_attention.py)
+    kernel_serves()              whether such a kernel gives this layer's     + none, the rotary ones
+                                 attention (no term, or kernel_term's)
+  StackPositions.kernel_shared() parameters the layers' kernel terms read     shared T5 table
+                                 that no layer owns
 
 A variant is one file: its hooks, its `Settings` (a frozen dataclass whose fields are its knobs,
 `model.position.<field>` in the configs, each validated with the field, the value and what is
@@ -41,6 +48,8 @@ from typing import Any, Optional
 
 import chex
 import flax.linen as nn
+
+from transformer.flash_attention import KernelTerm
 
 Shared = Any  # whatever pytree a StackPositions.shared returns; None when there is nothing
 
@@ -99,6 +108,10 @@ class StackPositions(nn.Module):
     del q_positions_BxLq, k_positions_BxLk
     return None
 
+  def kernel_shared(self) -> Shared:
+    """Parameters that no layer owns and the layers' kernel terms read (T5's shared table); None for none."""
+    return None
+
 
 class LayerPositions(nn.Module):
   """Per-self-attention-layer hooks. The base class leaves attention untouched."""
@@ -139,6 +152,17 @@ class LayerPositions(nn.Module):
     """True when logits() must see every key a query attends to at once (CoPE's sums over the keys):
     blockwise attention then gives each query block its keys in one block, never in key blocks."""
     return False
+
+  def kernel_term(self, kernel_shared: Shared) -> Optional[KernelTerm]:
+    """logits() as a KernelTerm (a function of one head's parameters and the positions of a block of
+    queries and keys) for a kernel that computes it inside; None when the layer adds no term."""
+    del kernel_shared
+    return None
+
+  def kernel_serves(self) -> bool:
+    """Whether attention with kernel_term() computed inside a kernel is this layer's attention: by
+    default where the layer adds no logits or values term; a variant that writes kernel_term says so."""
+    return type(self).logits is LayerPositions.logits and not self.needs_weights()
 
   def causal_band(self) -> Optional[Any]:
     """None, or an object that lets causal blockwise attention add this layer's terms on a band of

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.flash_attention import KernelTerm
 from transformer.positions.base import LayerPositions, StackPositions, Variant, relative_positions
 
 SMALLEST = 0.01  # the reference's clamp of r1 and r2
@@ -30,25 +31,38 @@ def straight_through_clip(x: chex.Array, low: float, high=None) -> chex.Array:
   return x + jax.lax.stop_gradient(jnp.clip(x, low, high) - x)
 
 
+def distance_from_relative(relative: chex.Array, causal: bool) -> chex.Array:
+  """i - j for keys in the past (0 for future keys, which causal attention masks), |i - j| in encoders;
+  elementwise, from j - i."""
+  return jnp.maximum(-relative, 0.0) if causal else jnp.abs(relative)
+
+
 def kerple_distance(q_positions_BxLq, k_positions_BxLk, causal: bool) -> chex.Array:
-  """i - j for keys in the past (0 for future keys, which causal attention masks), |i - j| in encoders:
-  B x 1 x Lq x Lk, float32."""
+  """distance_from_relative as B x 1 x Lq x Lk, float32."""
   relative_BxLqxLk = relative_positions(q_positions_BxLq, k_positions_BxLk).astype(jnp.float32)
-  distance = jnp.maximum(-relative_BxLqxLk, 0.0) if causal else jnp.abs(relative_BxLqxLk)
-  return distance[:, None]
+  return distance_from_relative(relative_BxLqxLk, causal)[:, None]
+
+
+def log_kernel(r1, r2, distance):
+  """-r1 log(1 + r2 d), elementwise."""
+  return -r1 * jnp.log1p(r2 * distance)
+
+
+def power_kernel(r1, r2, distance):
+  """-r1 d^r2, elementwise; 0 at d = 0, with a finite gradient there."""
+  positive = distance > 0
+  log_distance = jnp.log(jnp.where(positive, distance, 1.0))
+  return -r1 * jnp.where(positive, jnp.exp(r2 * log_distance), 0.0)
 
 
 def kerple_log_bias(r1_H, r2_H, distance_Bx1xLqxLk) -> chex.Array:
   """-r1_h log(1 + r2_h d): B x H x Lq x Lk."""
-  return -r1_H[:, None, None] * jnp.log1p(r2_H[:, None, None] * distance_Bx1xLqxLk)
+  return log_kernel(r1_H[:, None, None], r2_H[:, None, None], distance_Bx1xLqxLk)
 
 
 def kerple_power_bias(r1_H, r2_H, distance_Bx1xLqxLk) -> chex.Array:
-  """-r1_h d^r2_h: B x H x Lq x Lk; 0 at d = 0, with a finite gradient there."""
-  positive = distance_Bx1xLqxLk > 0
-  log_distance = jnp.log(jnp.where(positive, distance_Bx1xLqxLk, 1.0))
-  powered = jnp.where(positive, jnp.exp(r2_H[:, None, None] * log_distance), 0.0)
-  return -r1_H[:, None, None] * powered
+  """-r1_h d^r2_h: B x H x Lq x Lk."""
+  return power_kernel(r1_H[:, None, None], r2_H[:, None, None], distance_Bx1xLqxLk)
 
 
 class _KerpleLayer(LayerPositions):
@@ -56,6 +70,7 @@ class _KerpleLayer(LayerPositions):
   r1_scale = 1.0
   r2_scale = 1.0
   r2_largest = None
+  elementwise = None  # log_kernel or power_kernel
 
   def setup(self):
     self.r1 = self.param('r1', nn.initializers.uniform(self.r1_scale), (self.num_heads,))
@@ -65,29 +80,34 @@ class _KerpleLayer(LayerPositions):
     return (straight_through_clip(self.r1, SMALLEST),
             straight_through_clip(self.r2, SMALLEST, self.r2_largest))
 
-  def kernel(self, r1_H, r2_H, distance_Bx1xLqxLk):
-    raise NotImplementedError
-
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     r1_H, r2_H = self.clamped()
-    return self.kernel(r1_H, r2_H, kerple_distance(q_positions_BxLq, k_positions_BxLk, self.causal))
+    return type(self).elementwise(r1_H[:, None, None], r2_H[:, None, None],
+                                  kerple_distance(q_positions_BxLq, k_positions_BxLk, self.causal))
+
+  def kernel_term(self, kernel_shared):
+    causal, elementwise = self.causal, type(self).elementwise
+
+    def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
+      return elementwise(parameters[0], parameters[1],
+                         distance_from_relative(k_positions_1xBk - q_positions_Bqx1, causal))
+    return KernelTerm(bias, jnp.stack(self.clamped(), axis=1))
+
+  def kernel_serves(self):
+    return True
 
 
 class KerpleLogLayer(_KerpleLayer):
   r1_scale = 2.0
   r2_scale = 1.0
-
-  def kernel(self, r1_H, r2_H, distance_Bx1xLqxLk):
-    return kerple_log_bias(r1_H, r2_H, distance_Bx1xLqxLk)
+  elementwise = staticmethod(log_kernel)
 
 
 class KerplePowerLayer(_KerpleLayer):
   r1_scale = 1.0
   r2_scale = 2.0
   r2_largest = LARGEST_POWER
-
-  def kernel(self, r1_H, r2_H, distance_Bx1xLqxLk):
-    return kerple_power_bias(r1_H, r2_H, distance_Bx1xLqxLk)
+  elementwise = staticmethod(power_kernel)
 
 
 LOG_VARIANT = Variant(StackPositions, KerpleLogLayer, 'Chi et al. 2022 (KERPLE, logarithmic)', shift_invariant=True)

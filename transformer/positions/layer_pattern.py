@@ -85,6 +85,9 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
     def shared(self, q_positions_BxLq, k_positions_BxLk):
       return {kind: stack.shared(q_positions_BxLq, k_positions_BxLk) for kind, stack in self.parts.items()}
 
+    def kernel_shared(self):
+      return {kind: stack.kernel_shared() for kind, stack in self.parts.items()}
+
   class PatternLayer(LayerPositions):
     """The hooks of this layer's kind, with that kind's shared terms."""
 
@@ -114,5 +117,11 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
 
     def causal_band(self):
       return self.part.causal_band()
+
+    def kernel_term(self, kernel_shared):
+      return self.part.kernel_term(kernel_shared[self.kind])
+
+    def kernel_serves(self):
+      return self.part.kernel_serves()
 
   return Variant(PatternStack, PatternLayer, 'a pattern by layer (Llama 4, Command A)', settings, shift_invariant=True)

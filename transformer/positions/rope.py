@@ -99,6 +99,9 @@ class RotaryLayer(LayerPositions):
     return dynamic_ntk_logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk,
                               self.frequencies(query_BxLqxHxK.shape[-1]), self.config.original_length, scale)
 
+  def kernel_serves(self):
+    return not self.config.per_query()  # dynamic NTK's per-query rotation is a logits term of q and k
+
 
 class Rope(RotaryLayer):
   """Rotates queries and keys."""

@@ -13,6 +13,7 @@ import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
+from transformer.flash_attention import KernelTerm
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 from transformer.positions.relative import (by_distance_to_by_key, consecutive_or_gathered, contiguous_offset,
                                             distance_axis)
@@ -96,6 +97,21 @@ def t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk, *, bidirecti
   return bias
 
 
+def t5_kernel_term(table_NxH: chex.Array, *, bidirectional: bool, max_distance: int) -> KernelTerm:
+  """b_h[bucket(j - i)] for a kernel: the bucket computed from the block's positions, the lookup a sum of
+  selects over the table's num_buckets entries (a kernel has no gather)."""
+  num_buckets = table_NxH.shape[0]
+
+  def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
+    buckets = t5_bucket(k_positions_1xBk - q_positions_Bqx1, bidirectional=bidirectional, num_buckets=num_buckets,
+                        max_distance=max_distance)
+    term = jnp.zeros(buckets.shape, jnp.float32)
+    for bucket, value in enumerate(parameters):
+      term = term + jnp.where(buckets == bucket, value, 0.0)
+    return term
+  return KernelTerm(bias, jnp.transpose(table_NxH))
+
+
 def _bias_table(module: nn.Module):
   return module.param('relative_bias', nn.initializers.normal(stddev=0.02),
                       (module.config.num_buckets, module.num_heads))
@@ -118,6 +134,9 @@ class T5Stack(StackPositions):
       return None
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
 
+  def kernel_shared(self):
+    return self.table if self.config.shared_across_layers else None
+
 
 class T5Layer(LayerPositions):
   """Adds the shared bias, or, without sharing, its own layer's bias."""
@@ -130,6 +149,13 @@ class T5Layer(LayerPositions):
     if self.config.shared_across_layers:
       return shared
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
+
+  def kernel_term(self, kernel_shared):
+    table = kernel_shared if self.config.shared_across_layers else self.table
+    return t5_kernel_term(table, bidirectional=not self.causal, max_distance=self.config.max_distance)
+
+  def kernel_serves(self):
+    return True
 
 
 VARIANT = Variant(T5Stack, T5Layer, 'Raffel et al. 2020 (T5)', T5Settings, shift_invariant=True)

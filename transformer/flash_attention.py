@@ -1,0 +1,364 @@
+"""Flash attention in Pallas with the position term computed inside the kernel.
+
+  out_i = sum_j softmax_j(q_i . k_j * scale + t_h(p_i, p_j)) v_j
+
+over the keys j that query i may see (the causal mask j <= i + Lk - Lq, the keys' padding), computed
+block by block: Bq queries at a time, looping over blocks of Bk keys with an online softmax
+(FlashAttention, Dao et al. 2022), so neither the weights nor the position term ever exists at
+B x H x Lq x Lk. The term t_h is a KernelTerm: a function of one head's few parameters and the
+positions of the block's queries and keys, evaluated inside the kernel (the idea of PyTorch's
+FlexAttention score_mod). Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each
+row's log-sum-exp; one kernel per key block accumulates dK, dV and the term's parameter gradient
+(the vjp of the term on each block, traced inside the kernel), one per query block accumulates dQ.
+
+platform: 'interpret' runs the kernels in Pallas' interpreter (any backend, what the tests use);
+'gpu' compiles them with Triton, 'tpu' with Mosaic.
+"""
+
+import dataclasses
+import functools
+import math
+from typing import Callable, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+PLATFORMS = ('interpret', 'gpu', 'tpu')
+MASKED = -1e30  # a finite logit for masked keys: the running maximum stays finite, so no inf - inf
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTerm:
+  """A logits term t_h(p_i, p_j) that a kernel can compute from positions and a few numbers per head.
+
+  function(parameters, q_positions_Bqx1, k_positions_1xBk) -> Bq x Bk float32, where parameters is a
+  list of P arrays of shape 1 x 1 (head h's row of parameters_HxP) and positions are float32. It must
+  use elementwise jax.numpy only, so that it lowers inside a kernel, and be differentiable in the
+  parameters."""
+  function: Callable
+  parameters_HxP: chex.Array
+
+
+def _next_power_of_two(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+def _pad_to(x, axis: int, length: int, value=0):
+  padding = [(0, 0)] * x.ndim
+  padding[axis] = (0, length - x.shape[axis])
+  return jnp.pad(x, padding, constant_values=value)
+
+
+def _dot(a, b, contract_a: int, contract_b: int):
+  """a . b contracted over one axis each, accumulated in float32."""
+  return jax.lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """What the kernels are specialised on."""
+  block_q: int
+  block_k: int
+  causal: bool
+  causal_offset: int           # Lk - Lq: query i sees keys j <= i + offset under the causal mask
+  scale: float
+  function: Optional[Callable]
+  num_parameters: int
+  platform: str
+
+
+def _parameters(params_ref, static: _Static):
+  return [params_ref[:, pl.ds(index, 1)] for index in range(static.num_parameters)]
+
+
+def _logits(static: _Static, parameters, q_block, k_block, q_positions_Bqx1, k_positions_1xBk, k_valid_1xBk,
+            q_index_Bqx1, k_index_1xBk):
+  """Scaled logits with the term, the mask of the keys each query may see, both Bq x Bk."""
+  logits = _dot(q_block, k_block, 1, 1) * static.scale
+  if static.function is not None:
+    logits = logits + static.function(parameters, q_positions_Bqx1, k_positions_1xBk)
+  allowed = k_valid_1xBk > 0
+  if static.causal:
+    allowed = jnp.logical_and(allowed, k_index_1xBk <= q_index_Bqx1 + static.causal_offset)
+  return jnp.where(allowed, logits, MASKED), allowed
+
+
+def _key_blocks_seen(static: _Static, query_block, num_key_blocks: int):
+  """How many key blocks, from the first, a query block sees (all of them, or up to the causal edge)."""
+  if not static.causal:
+    return num_key_blocks
+  keys_seen = jnp.maximum((query_block + 1) * static.block_q + static.causal_offset, 0)  # of the last query
+  return jnp.minimum(jax.lax.div(keys_seen + static.block_k - 1, static.block_k), num_key_blocks)
+
+
+def _first_query_block_seeing(static: _Static, key_block):
+  if not static.causal:
+    return 0
+  first_query = jnp.maximum(key_block * static.block_k - static.causal_offset, 0)
+  return jax.lax.div(first_query, static.block_q)
+
+
+def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, k_positions_ref, k_valid_ref, params_ref,
+                    out_ref, logsumexp_ref):
+  block_q, block_k = static.block_q, static.block_k
+  query_block = pl.program_id(2)
+  num_key_blocks = k_ref.shape[0] // block_k
+  q_block = q_ref[...]
+  q_positions = q_positions_ref[...]
+  q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+  parameters = _parameters(params_ref, static)
+
+  def step(key_block, carry):
+    running_max, normaliser, accumulated = carry
+    keys = pl.ds(key_block * block_k, block_k)
+    k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+    logits, allowed = _logits(static, parameters, q_block, k_ref[keys, :], q_positions, k_positions_ref[:, keys],
+                              k_valid_ref[:, keys], q_index, k_index)
+    new_max = jnp.maximum(running_max, jnp.max(logits, axis=1, keepdims=True))
+    weights = jnp.where(allowed, jnp.exp(logits - new_max), 0.0)
+    correction = jnp.exp(running_max - new_max)
+    normaliser = correction * normaliser + jnp.sum(weights, axis=1, keepdims=True)
+    values = v_ref[keys, :]
+    accumulated = correction * accumulated + _dot(weights.astype(values.dtype), values, 1, 0)
+    return new_max, normaliser, accumulated
+
+  start = (jnp.full((block_q, 1), MASKED, jnp.float32), jnp.zeros((block_q, 1), jnp.float32),
+           jnp.zeros((block_q, v_ref.shape[1]), jnp.float32))
+  running_max, normaliser, accumulated = jax.lax.fori_loop(
+      0, _key_blocks_seen(static, query_block, num_key_blocks), step, start)
+  seen = normaliser > 0  # a row that sees no key gives zeros, as the explicit softmax does
+  out_ref[...] = (accumulated / jnp.where(seen, normaliser, 1.0)).astype(out_ref.dtype)
+  logsumexp_ref[...] = jnp.where(seen, running_max + jnp.log(jnp.where(seen, normaliser, 1.0)), 0.0)
+
+
+def _term_and_gradient(static: _Static, parameters, q_positions, k_positions, d_logits, gradients):
+  """The parameter gradients plus the vjp of the term on this block."""
+  if static.function is None:
+    return gradients
+  _, vjp = jax.vjp(lambda p: static.function(p, q_positions, k_positions), parameters)
+  return [total + part for total, part in zip(gradients, vjp(d_logits)[0])]
+
+
+def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_out_block, logsumexp, delta,
+                     q_positions, k_positions, k_valid, q_index, k_index):
+  """dP, dS (the logits' gradient) and the weights P of one query block against one key block."""
+  logits, allowed = _logits(static, parameters, q_block, k_block, q_positions, k_positions, k_valid, q_index,
+                            k_index)
+  weights = jnp.where(allowed, jnp.exp(logits - logsumexp), 0.0)
+  d_weights = _dot(d_out_block, v_block, 1, 1)
+  d_logits = weights * (d_weights - delta)
+  return weights, d_logits
+
+
+def _key_values_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref, delta_ref, q_positions_ref,
+                       k_positions_ref, k_valid_ref, params_ref, d_k_ref, d_v_ref, d_params_ref):
+  """dK, dV and the term's parameter gradient for one block of keys, over the query blocks that see it."""
+  block_q, block_k = static.block_q, static.block_k
+  key_block = pl.program_id(2)
+  num_query_blocks = q_ref.shape[0] // block_q
+  k_block, v_block = k_ref[...], v_ref[...]
+  k_positions, k_valid = k_positions_ref[...], k_valid_ref[...]
+  k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+  parameters = _parameters(params_ref, static)
+
+  def step(query_block, carry):
+    d_k, d_v, gradients = carry
+    queries = pl.ds(query_block * block_q, block_q)
+    q_block, d_out_block = q_ref[queries, :], d_out_ref[queries, :]
+    q_positions = q_positions_ref[queries, :]
+    q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+    weights, d_logits = _block_gradients(static, parameters, q_block, k_block, v_block, d_out_block,
+                                         logsumexp_ref[queries, :], delta_ref[queries, :], q_positions, k_positions,
+                                         k_valid, q_index, k_index)
+    d_v = d_v + _dot(weights.astype(d_out_block.dtype), d_out_block, 0, 0)
+    d_k = d_k + _dot(d_logits.astype(q_block.dtype), q_block, 0, 0) * static.scale
+    return d_k, d_v, _term_and_gradient(static, parameters, q_positions, k_positions, d_logits, gradients)
+
+  start = (jnp.zeros(k_block.shape, jnp.float32), jnp.zeros(v_block.shape, jnp.float32),
+           [jnp.zeros((1, 1), jnp.float32) for _ in range(static.num_parameters)])
+  d_k, d_v, gradients = jax.lax.fori_loop(_first_query_block_seeing(static, key_block), num_query_blocks, step, start)
+  d_k_ref[...] = d_k.astype(d_k_ref.dtype)
+  d_v_ref[...] = d_v.astype(d_v_ref.dtype)
+  for index, gradient in enumerate(gradients):
+    d_params_ref[:, pl.ds(index, 1)] = gradient
+
+
+def _query_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref, delta_ref, q_positions_ref,
+                  k_positions_ref, k_valid_ref, params_ref, d_q_ref):
+  """dQ for one block of queries, over the key blocks it sees."""
+  block_q, block_k = static.block_q, static.block_k
+  query_block = pl.program_id(2)
+  num_key_blocks = k_ref.shape[0] // block_k
+  q_block, d_out_block = q_ref[...], d_out_ref[...]
+  logsumexp, delta, q_positions = logsumexp_ref[...], delta_ref[...], q_positions_ref[...]
+  q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
+  parameters = _parameters(params_ref, static)
+
+  def step(key_block, d_q):
+    keys = pl.ds(key_block * block_k, block_k)
+    k_block = k_ref[keys, :]
+    k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
+    _, d_logits = _block_gradients(static, parameters, q_block, k_block, v_ref[keys, :], d_out_block, logsumexp,
+                                   delta, q_positions, k_positions_ref[:, keys], k_valid_ref[:, keys], q_index,
+                                   k_index)
+    return d_q + _dot(d_logits.astype(k_block.dtype), k_block, 1, 0) * static.scale
+
+  d_q = jax.lax.fori_loop(0, _key_blocks_seen(static, query_block, num_key_blocks), step,
+                          jnp.zeros(q_block.shape, jnp.float32))
+  d_q_ref[...] = d_q.astype(d_q_ref.dtype)
+
+
+def _compiler_params(platform: str, semantics: tuple):
+  if platform == 'gpu':
+    from jax.experimental.pallas import triton as pallas_triton  # pylint: disable=g-import-not-at-top
+    return pallas_triton.CompilerParams(num_warps=4, num_stages=2)
+  if platform == 'tpu':
+    from jax.experimental.pallas import tpu as pallas_tpu  # pylint: disable=g-import-not-at-top
+    return pallas_tpu.CompilerParams(dimension_semantics=semantics)
+  return None
+
+
+def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, semantics):
+  return pl.pallas_call(functools.partial(kernel, static), grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        out_shape=out_shape, interpret=static.platform == 'interpret',
+                        compiler_params=_compiler_params(static.platform, semantics))
+
+
+def _whole(length: int, width: int):
+  """The whole L x width slab of one (batch, head)."""
+  return pl.BlockSpec((None, None, length, width), lambda b, h, i: (b, h, 0, 0))
+
+
+def _rows(block: int, width: int):
+  return pl.BlockSpec((None, None, block, width), lambda b, h, i: (b, h, i, 0))
+
+
+def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, value_dim: int, num_parameters: int,
+                  by: str):
+  """Specs for q, k, v, (dO, logsumexp, delta,) positions, validity and parameters: one block of the
+  axis the grid walks (by='query' or 'key'), the whole of the other."""
+  q_rows = _rows(static.block_q, head_dim) if by == 'query' else _whole(length_q, head_dim)
+  k_rows = _rows(static.block_k, head_dim) if by == 'key' else _whole(length_k, head_dim)
+  v_rows = _rows(static.block_k, value_dim) if by == 'key' else _whole(length_k, value_dim)
+  if by == 'query':
+    q_positions = pl.BlockSpec((None, static.block_q, 1), lambda b, h, i: (b, i, 0))
+    k_line = pl.BlockSpec((None, 1, length_k), lambda b, h, i: (b, 0, 0))
+  else:
+    q_positions = pl.BlockSpec((None, length_q, 1), lambda b, h, i: (b, 0, 0))
+    k_line = pl.BlockSpec((None, 1, static.block_k), lambda b, h, i: (b, 0, i))
+  params = pl.BlockSpec((None, 1, num_parameters), lambda b, h, i: (h, 0, 0))
+  return q_rows, k_rows, v_rows, q_positions, k_line, params
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(static: _Static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
+           k_valid_Bx1xLk, params_Hx1xP):
+  return _flash_forward(static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
+                        k_valid_Bx1xLk, params_Hx1xP)[0]
+
+
+def _flash_forward(static: _Static, q, k, v, q_positions, k_positions, k_valid, params):
+  batch, heads, length_q, head_dim = q.shape
+  length_k, value_dim = k.shape[2], v.shape[3]
+  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
+      static, length_q, length_k, head_dim, value_dim, params.shape[-1], 'query')
+  out, logsumexp = _call(
+      _forward_kernel, static, (batch, heads, length_q // static.block_q),
+      [q_rows, k_rows, v_rows, q_pos_spec, k_line, k_line, params_spec],
+      [_rows(static.block_q, value_dim), _rows(static.block_q, 1)],
+      [jax.ShapeDtypeStruct((batch, heads, length_q, value_dim), q.dtype),
+       jax.ShapeDtypeStruct((batch, heads, length_q, 1), jnp.float32)],
+      ('parallel', 'parallel', 'parallel'))(q, k, v, q_positions, k_positions, k_valid, params)
+  return out, (q, k, v, q_positions, k_positions, k_valid, params, out, logsumexp)
+
+
+def _flash_backward(static: _Static, residuals, d_out):
+  q, k, v, q_positions, k_positions, k_valid, params, out, logsumexp = residuals
+  batch, heads, length_q, head_dim = q.shape
+  length_k, value_dim = k.shape[2], v.shape[3]
+  num_parameters = params.shape[-1]
+  delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
+  d_out = d_out.astype(q.dtype)
+  num_key_blocks = length_k // static.block_k
+  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
+      static, length_q, length_k, head_dim, value_dim, num_parameters, 'key')
+  q_stats = _whole(length_q, 1)
+  d_k, d_v, d_params = _call(
+      _key_values_kernel, static, (batch, heads, num_key_blocks),
+      [q_rows, k_rows, v_rows, _whole(length_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
+       params_spec],
+      [_rows(static.block_k, head_dim), _rows(static.block_k, value_dim),
+       pl.BlockSpec((None, None, None, 1, num_parameters), lambda b, h, i: (b, h, i, 0, 0))],
+      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+       jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32)],
+      ('parallel', 'parallel', 'parallel'))(q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params)
+  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
+      static, length_q, length_k, head_dim, value_dim, num_parameters, 'query')
+  q_stats = _rows(static.block_q, 1)
+  d_q = _call(
+      _query_kernel, static, (batch, heads, length_q // static.block_q),
+      [q_rows, k_rows, v_rows, _rows(static.block_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
+       params_spec],
+      _rows(static.block_q, head_dim), jax.ShapeDtypeStruct(q.shape, q.dtype),
+      ('parallel', 'parallel', 'parallel'))(q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params)
+  d_params_Hx1xP = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
+  return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(k_positions), jnp.zeros_like(k_valid),
+          d_params_Hx1xP)
+
+
+_flash.defvjp(_flash_forward, _flash_backward)
+
+
+def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_BxLkxHxV: chex.Array, *,
+                    causal: bool = False, key_valid_BxLk: Optional[chex.Array] = None,
+                    q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
+                    term: Optional[KernelTerm] = None, scale: Optional[float] = None, block_q: int = 128,
+                    block_k: int = 128, platform: str = 'interpret') -> chex.Array:
+  """softmax(Q K^T scale + t(positions)) V in blocks, B x Lq x H x V (the layout of the other cores).
+
+  causal: query i sees keys j <= i + Lk - Lq. key_valid_BxLk: True for real keys (padding False).
+  Positions default to 0..L-1 (B may be 1). A row that sees no key gives zeros. Lengths are padded
+  to whole blocks and the head width to a power of two (Triton's blocks), and cut back after."""
+  if platform not in PLATFORMS:
+    raise ValueError(f'platform: got {platform!r}; valid: {", ".join(PLATFORMS)}')
+  chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, value_BxLkxHxV], 4)
+  chex.assert_equal_shape_prefix([key_BxLkxHxK, value_BxLkxHxV], 3)
+  batch, length_q, heads, head_dim = query_BxLqxHxK.shape
+  length_k, value_dim = key_BxLkxHxK.shape[1], value_BxLkxHxV.shape[3]
+  chex.assert_shape(key_BxLkxHxK, (batch, length_k, heads, head_dim))
+  scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+  if platform == 'tpu':  # Mosaic's blocks: rows in multiples of 8, the keys' lanes in multiples of 128
+    block_q, block_k = max(block_q, 8), -(-max(block_k, 128) // 128) * 128
+  block_q = min(block_q, _next_power_of_two(length_q))
+  block_k = min(block_k, _next_power_of_two(length_k))
+  padded_q = -(-length_q // block_q) * block_q
+  padded_k = -(-length_k // block_k) * block_k
+  width, value_width = _next_power_of_two(head_dim), _next_power_of_two(value_dim)
+
+  def heads_first(x, length, feature):  # B x L x H x F -> B x H x L' x F', zero padded
+    return _pad_to(_pad_to(jnp.transpose(x, (0, 2, 1, 3)), 2, length), 3, feature)
+
+  def positions(given, length, padded):
+    given = jnp.arange(length, dtype=jnp.int32)[None] if given is None else jnp.asarray(given)
+    chex.assert_shape(given, (None, length))
+    return _pad_to(jnp.broadcast_to(given, (batch, length)).astype(jnp.float32), 1, padded)
+
+  key_valid = jnp.ones((batch, length_k), jnp.float32) if key_valid_BxLk is None else (
+      jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(jnp.float32))
+  if term is None:
+    params_Hx1xP = jnp.zeros((heads, 1, 1), jnp.float32)
+  else:
+    chex.assert_shape(term.parameters_HxP, (heads, None))
+    params_Hx1xP = term.parameters_HxP.astype(jnp.float32)[:, None, :]
+  static = _Static(block_q, block_k, causal, length_k - length_q, scale, None if term is None else term.function,
+                   params_Hx1xP.shape[-1], platform)
+  out_BxHxLqxV = _flash(static, heads_first(query_BxLqxHxK, padded_q, width),
+                        heads_first(key_BxLkxHxK, padded_k, width), heads_first(value_BxLkxHxV, padded_k, value_width),
+                        positions(q_positions_BxLq, length_q, padded_q)[:, :, None],
+                        positions(k_positions_BxLk, length_k, padded_k)[:, None, :],
+                        _pad_to(key_valid, 1, padded_k)[:, None, :], params_Hx1xP)
+  out_BxLqxHxV = jnp.transpose(out_BxHxLqxV[:, :, :length_q, :value_dim], (0, 2, 1, 3))
+  chex.assert_shape(out_BxLqxHxV, (batch, length_q, heads, value_dim))
+  return out_BxLqxHxV
