@@ -108,3 +108,18 @@ def test_a_model_asked_for_cudnn_on_this_cpu_refuses_when_traced():
 def test_an_unknown_implementation_is_refused_by_the_config():
   with pytest.raises(ValueError, match='attention_implementation'):
     tiny('rope', attention_implementation='flash')
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('valid_rows', [None, [[1] * 9, [1] * 6 + [0] * 3], [[1] * 9, [1, 1, 0, 1, 0] + [1] * 4]])
+def test_the_fused_call_takes_the_mask_as_its_parts(causal, valid_rows):
+  """is_causal and the keys' padding (as sequence lengths where it is at the end of each row, else a
+  B x 1 x 1 x Lk mask: both branches) give the attention of the whole mask. (Every query sees a key: a row
+  that sees none is zeros in the explicit core, a uniform average in the fused call.)"""
+  rng = np.random.default_rng(0)
+  query, key, value = (jnp.asarray(rng.normal(size=(2, 9, 3, 8)), jnp.float32) for _ in range(3))
+  valid = None if valid_rows is None else jnp.asarray(valid_rows, bool)
+  mask = T.masks.self_attention_mask(valid, 9, causal)
+  expected = T.attention.scaled_dot_product_attention(query, key, value, mask=mask)
+  got = T.attention.fused_attention(query, key, value, mask=mask, implementation='xla', mask_parts=(causal, valid))
+  np.testing.assert_allclose(got, expected, atol=1e-5)

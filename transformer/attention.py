@@ -56,19 +56,37 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
 
 def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, mask: Optional[chex.Array] = None,
                     bias: Optional[chex.Array] = None, scale: Optional[float] = None,
-                    implementation: str = 'xla') -> chex.Array:
+                    implementation: str = 'xla', mask_parts: Optional[tuple] = None) -> chex.Array:
   """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K) with the given
-  implementation ('xla' or 'cudnn'), which never hands back the weights. Masks and biases are broadcast
-  to B x H x Lq x Lk as it requires. A fully masked row gives a uniform average here (zeros in
-  scaled_dot_product_attention); no model in this library produces one for a position whose output is used."""
+  implementation ('xla' or 'cudnn'), which never hands back the weights. A fully masked row gives a uniform
+  average here (zeros in scaled_dot_product_attention); no model in this library produces one for a
+  position whose output is used.
+
+  With mask_parts = (causal, key_valid_BxLk) the mask goes in as its parts: causal as is_causal (cuDNN then
+  skips the blocks above the diagonal), the keys' padding as key_value_seq_lengths where it is at the end
+  of every row (checked on the values: elsewhere a B x 1 x 1 x Lk mask through XLA's implementation).
+  Otherwise masks and biases are broadcast to B x H x Lq x Lk as it requires."""
   batch, length_q, heads, _ = query.shape
   shape = (batch, heads, length_q, key.shape[1])
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, shape)
   if bias is not None:
     bias = jnp.broadcast_to(bias.astype(query.dtype), shape)
-  output = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale,
-                                        implementation=implementation)
+  if mask_parts is None:
+    output = jax.nn.dot_product_attention(query, key, value, bias=bias, scale=scale, implementation=implementation,
+                                          mask=None if mask is None else jnp.broadcast_to(mask, shape))
+  else:
+    causal, key_valid_BxLk = mask_parts
+
+    def attend(lengths=None, padding=None, core=implementation):
+      return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=padding, scale=scale, is_causal=causal,
+                                          key_value_seq_lengths=lengths, implementation=core)
+    if key_valid_BxLk is None:
+      output = attend()
+    else:
+      key_valid_BxLk = jnp.broadcast_to(key_valid_BxLk, (batch, key.shape[1])).astype(jnp.bool_)
+      lengths_B = jnp.sum(key_valid_BxLk, axis=1, dtype=jnp.int32)
+      at_the_end = jnp.all(key_valid_BxLk == (jnp.arange(key.shape[1])[None, :] < lengths_B[:, None]))
+      output = jax.lax.cond(at_the_end, lambda: attend(lengths=lengths_B),
+                            lambda: attend(padding=key_valid_BxLk[:, None, None, :], core='xla'))
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
 
@@ -233,7 +251,8 @@ class MultiHeadAttention(nn.Module):
     if bias is None:
       bias = position_term()
     if core in ('xla', 'cudnn'):
-      return fused_attention(query, key, value, mask=mask, bias=bias, scale=scale, implementation=core)
+      return fused_attention(query, key, value, mask=mask, bias=bias, scale=scale, implementation=core,
+                             mask_parts=mask_parts)
     attended_BxLqxHxK, weights = scaled_dot_product_attention(
         query, key, value, mask=mask, bias=bias, scale=scale, return_weights=True,
         dropout_rate=self.dropout_rate, dropout_rng=rng, deterministic=deterministic)
