@@ -144,3 +144,41 @@ def test_an_unknown_platform_is_refused():
   query, key, value = _inputs(4, 4, jnp.float32)
   with pytest.raises(ValueError, match="platform: got 'cuda'; valid: interpret, gpu, tpu"):
     flash_attention(query, key, value, platform='cuda')
+
+
+ACCELERATOR = jax.default_backend() in ('gpu', 'tpu')
+
+
+@pytest.mark.skipif(not ACCELERATOR, reason='compiles the kernels for a GPU (Triton) or TPU (Mosaic); this is a '
+                    f'{jax.default_backend()} machine')
+@pytest.mark.parametrize('kind', ['none', 'alibi', 't5', 'kerple_log'])
+@pytest.mark.parametrize('dtype, tolerance', [(jnp.float32, 2e-3), (jnp.bfloat16, 3e-2)])
+def test_the_compiled_kernel_equals_dense_attention_on_this_accelerator(kind, dtype, tolerance):
+  """The kernels as the hardware runs them (blocks of 64 or 128, 256 keys, head width 64), forward and
+  gradients against dense attention on the same device. float32 matmuls on a GPU may run in TF32, hence
+  the looser float32 tolerance than the interpreter's."""
+  platform = jax.default_backend()
+  query, key, value = _inputs(256, 256, dtype, width=64)
+  parameters, term, dense = (jnp.zeros((HEADS, 1)), lambda p: None, lambda p, q, k: None) if kind == 'none' else (
+      _term_and_dense_bias(kind, causal=True))
+  positions = jnp.arange(256)
+  valid = jnp.ones((2, 256), bool)
+
+  def kernel_loss(query, key, value, parameters):
+    out = flash_attention(query, key, value, causal=True, term=term(parameters), block_q=64, block_k=64,
+                          platform=platform)
+    return jnp.sum(jnp.sin(out.astype(jnp.float32))), out
+
+  def dense_loss(query, key, value, parameters):
+    out = _dense_attention(query, key, value, dense(parameters, positions, positions), True, valid)
+    return jnp.sum(jnp.sin(out.astype(jnp.float32))), out
+
+  (_, got), got_grads = jax.value_and_grad(kernel_loss, argnums=(0, 1, 2, 3), has_aux=True)(query, key, value,
+                                                                                             parameters)
+  (_, expected), expected_grads = jax.value_and_grad(dense_loss, argnums=(0, 1, 2, 3), has_aux=True)(
+      query, key, value, parameters)
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32), atol=tolerance)
+  for name, a, b in zip(('query', 'key', 'value', 'parameters'), got_grads, expected_grads):
+    scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=tolerance * scale,
+                               err_msg=name)

@@ -2,14 +2,17 @@
 
   python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
                                   [--steps=10] [--compute_dtype=bfloat16] [--remat] [--attention_block_size=0]
-                                  [--attention_key_block_size=512] [--peer] [--json=benchmark.json]
+                                  [--attention_key_block_size=512] [--attention_implementation=pallas]
+                                  [--peak_flops=989e12] [--peer] [--json=benchmark.json]
 
 Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
 4 heads, d_ff 1024. Each (variant, length) runs in its own subprocess, so compile caches and peak
 memory do not leak between rows. Reported: compile time; step time (median, min, max over --steps
 timed steps after --warmup); tokens/s; model FLOPs utilisation against a float32 matmul peak
 measured in each row's own process right after its timed steps (so a busy machine lowers both,
-and MFU never divides by a peak measured at another moment); peak memory (device memory on an accelerator, resident memory on a CPU).
+and MFU never divides by a peak measured at another moment), or against --peak_flops, the device's stated
+dense peak for the dtype; peak memory (device memory on an accelerator, resident memory on a CPU).
+--attention_implementation is model.attention_implementation (the attention core: attention_core.py).
 With --peer, each variant x-transformers has (none, learned, sinusoidal, rope, alibi, t5) is also run
 on x-transformers right after ours, with and without its fused attention (experiments/benchmarks/peer.py), and a
 second table gives ours / theirs at their fastest setting.
@@ -27,6 +30,7 @@ from absl import flags
 
 from experiments.shared import cli
 from experiments.benchmarks.flops import matmul_peak, model_flops_per_step
+from transformer.attention_core import IMPLEMENTATIONS
 
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
 _LENGTHS = flags.DEFINE_string('lengths', '256,1024', 'Comma-separated sequence lengths.')
@@ -46,6 +50,11 @@ _BLOCK = flags.DEFINE_integer('attention_block_size', 128,
                               'default (configs/base.py); 0: one L x L softmax.')
 _KEY_BLOCK = flags.DEFINE_integer('attention_key_block_size', 0,
                                   'With blocks: keys per online-softmax block (0: all keys a block may see).')
+_IMPLEMENTATION = flags.DEFINE_enum('attention_implementation', 'auto', list(IMPLEMENTATIONS),
+                                    'The attention core (model.attention_implementation).')
+_PEAK = flags.DEFINE_float('peak_flops', 0.0, "MFU against this FLOP/s (a device's stated dense peak for "
+                           '--compute_dtype, e.g. 989e12 for an H100 or H200 in bfloat16); 0: the matmul peak '
+                           'measured beside each row.')
 _PEER = flags.DEFINE_boolean('peer', False,
                              'Also time x-transformers (PyTorch) on the same config and variants, alternating with '
                              "ours, with and without its fused attention; needs pip install -e '.[peer]'.")
@@ -68,7 +77,7 @@ def run_row(variant: str, length: int) -> dict:
       feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
       norm='pre', position=_position(variant, length),
       compute_dtype=_DTYPE.value, remat=_REMAT.value, attention_block_size=_BLOCK.value,
-      attention_key_block_size=_KEY_BLOCK.value)
+      attention_key_block_size=_KEY_BLOCK.value, attention_implementation=_IMPLEMENTATION.value)
   model = transformer.DecoderOnly(config)
   batch = _BATCH.value
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, length + 1), 0, _VOCAB.value)
@@ -125,7 +134,8 @@ def main(argv):
           row['parameters'], _LAYERS.value, _MODEL_DIM.value, int(length), _BATCH.value) / row['step_seconds_median']
     else:
       row = run_row(variant, int(length))
-    row['matmul_peak_flops'] = matmul_peak(dtype=_DTYPE.value)  # the yardstick, measured beside the row's steps
+    # the yardstick: stated, or measured beside the row's steps
+    row['matmul_peak_flops'] = _PEAK.value or matmul_peak(dtype=_DTYPE.value)
     print(json.dumps(row))
     return
   import transformer  # pylint: disable=g-import-not-at-top
@@ -167,8 +177,10 @@ def main(argv):
   header = (f'{"variant":<11} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
             f'{"MFU":>6} {"of GFLOP/s":>10} {"vs none":>7} {"peak MiB":>9}')
   peaks = [r['matmul_peak_flops'] for r in rows + peer_rows if 'error' not in r]
-  print(f'matmul peak ({_DTYPE.value}, measured in each row\'s process after its steps): '
+  measured = 'stated (--peak_flops)' if _PEAK.value else 'measured in each row\'s process after its steps'
+  print(f'matmul peak ({_DTYPE.value}, {measured}): '
         f'{min(peaks, default=0) / 1e9:.1f}-{max(peaks, default=0) / 1e9:.1f} GFLOP/s'
+        f'; attention core: {_IMPLEMENTATION.value}'
         f'{"; layers rematerialised" if _REMAT.value else ""}'
         f'{f"; attention in blocks of {_BLOCK.value} queries" if _BLOCK.value else ""}'
         f'{f" and {_KEY_BLOCK.value} keys" if _BLOCK.value and _KEY_BLOCK.value else ""}')
@@ -189,6 +201,7 @@ def main(argv):
   if _JSON.value:
     from experiments.shared.files import write_json_atomically  # pylint: disable=g-import-not-at-top
     write_json_atomically(_JSON.value, dict(compute_dtype=_DTYPE.value, remat=_REMAT.value,
+                                            attention_implementation=_IMPLEMENTATION.value, peak_flops=_PEAK.value,
                                             attention_block_size=_BLOCK.value,
                                             attention_key_block_size=_KEY_BLOCK.value, rows=rows,
                                             peer_rows=peer_rows))
