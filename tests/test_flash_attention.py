@@ -70,7 +70,8 @@ CASES = [  # (causal, length_q, length_k): a tail block, two query blocks, fewer
     (True, 21, 21), (False, 21, 21), (True, 5, 19), (False, 7, 13)]
 
 
-@pytest.mark.parametrize('kind', ['none', 'alibi', 't5', 'kerple_log', 'kerple_power'])
+@pytest.mark.parametrize('kind', ['none', 'alibi', 't5', 'kerple_log', pytest.param('kerple_power',
+                                                                                  marks=pytest.mark.slow)])
 @pytest.mark.parametrize('causal, length_q, length_k', CASES)
 def test_the_kernel_equals_dense_attention_forward_and_gradients(kind, causal, length_q, length_k):
   query, key, value = _inputs(length_q, length_k, jnp.float32)

@@ -15,8 +15,10 @@ import transformer as T
 from transformer import attention
 from tests.helpers import init, random_positions, tiny, tokens
 
-SERVED = ['none', 'sinusoidal', 'learned', 'rope', 'p_rope', 'xpos', 'alibi', 't5', 'kerple_log', 'kerple_power',
-          'layer_pattern']
+FAST = ('alibi', 't5', 'rope')  # the fast tier's; the others under -m slow
+SERVED = [pytest.param(kind, marks=() if kind in FAST else pytest.mark.slow)
+          for kind in ('none', 'sinusoidal', 'learned', 'rope', 'p_rope', 'xpos', 'alibi', 't5', 'kerple_log',
+                       'kerple_power', 'layer_pattern')]
 NOT_SERVED = ['shaw', 'tupe_a', 'tupe_r', 'fire', 'cope', 'transformer_xl']
 
 
@@ -121,7 +123,8 @@ KERNEL_CALL = {'cuda': '__gpu$xla.gpu.triton', 'tpu': 'tpu_custom_call'}
 
 
 @pytest.mark.parametrize('platform, backend', [('cuda', 'gpu'), ('tpu', 'tpu')])
-@pytest.mark.parametrize('kind', ['t5', 'alibi', 'kerple_log', 'rope'])
+@pytest.mark.parametrize('kind', ['t5', pytest.param('alibi', marks=pytest.mark.slow),
+                                  pytest.param('kerple_log', marks=pytest.mark.slow), 'rope'])
 def test_the_training_step_lowers_with_the_kernels_and_no_full_position_term(kind, platform, backend, monkeypatch):
   """Per layer a forward kernel and two backward kernels (dK dV with the term's gradient, dQ): 2 layers,
   6 calls; and no array of L x L elements anywhere (no term, no mask, no weights)."""

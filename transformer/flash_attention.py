@@ -211,12 +211,15 @@ def _query_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref
 
 
 def _compiler_params(platform: str, semantics: tuple):
+  """Triton's or Mosaic's parameters (their class names before JAX 0.6 as the fallback)."""
   if platform == 'gpu':
     from jax.experimental.pallas import triton as pallas_triton  # pylint: disable=g-import-not-at-top
-    return pallas_triton.CompilerParams(num_warps=4, num_stages=2)
+    params = getattr(pallas_triton, 'CompilerParams', None) or pallas_triton.TritonCompilerParams
+    return params(num_warps=4, num_stages=2)
   if platform == 'tpu':
     from jax.experimental.pallas import tpu as pallas_tpu  # pylint: disable=g-import-not-at-top
-    return pallas_tpu.CompilerParams(dimension_semantics=semantics)
+    params = getattr(pallas_tpu, 'CompilerParams', None) or pallas_tpu.TPUCompilerParams
+    return params(dimension_semantics=semantics)
   return None
 
 
