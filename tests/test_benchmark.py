@@ -87,26 +87,29 @@ def test_peer_model_starts_at_the_uniform_loss():
   pytest.importorskip('x_transformers')  # the optional extra; absent in CI
   from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
   for variant in peer.PEER_VARIANTS:
-    row = peer.run_peer_row(variant, 16, 2, 1, 0, fused=variant not in peer.PEER_UNFUSABLE, vocab_size=64,
-                            model_dim=32, num_layers=1, num_heads=2, feed_forward_dim=64)
-    assert row['variant'] == variant and row['tokens_per_second'] > 0
-    assert abs(row['loss'] - math.log(64)) < 0.5, (variant, row['loss'])  # a fresh LM predicts ~uniformly
+    for compute_dtype in ('float32', 'bfloat16'):
+      row = peer.run_peer_row(variant, 16, 2, 1, 0, fused=variant not in peer.PEER_UNFUSABLE, vocab_size=64,
+                              model_dim=32, num_layers=1, num_heads=2, feed_forward_dim=64,
+                              compute_dtype=compute_dtype)
+      assert row['variant'] == variant and row['tokens_per_second'] > 0
+      assert abs(row['loss'] - math.log(64)) < 0.5, (variant, row['loss'])  # a fresh LM predicts ~uniformly
 
 
 @pytest.mark.slow
 def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_and_checks_the_cores_agree():
   result = subprocess.run(
       [sys.executable, '-m', 'experiments.benchmark', 'attention', '--length=16', '--batch_size=1', '--num_heads=2',
-       '--head_dim=4', '--clip_distance=2', '--repeats=1', '--block_size=6'],
+       '--head_dim=4', '--clip_distance=2', '--repeats=1', '--block_size=8', '--pallas_rows'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   rows = [line.split() for line in result.stdout.splitlines()[2:-1]]
   assert [' '.join(row[:-2]) for row in rows] == [
       'plain', 'shaw (gather)', 'shaw (distance layout)', 'shaw (causal band, blocks)', 't5 (gather)',
-      't5 (distance layout)',
-      'jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention (6)']
-  assert result.stdout.splitlines()[-1].startswith('the three attention cores agree with plain attention')
+      't5 (distance layout)', 'alibi (bias)',
+      'jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention (8)',
+      'plain (pallas kernel)', 'alibi (pallas kernel)', 't5 (pallas kernel)']
+  assert result.stdout.splitlines()[-1].startswith('the attention cores and the kernel agree with plain attention')
   assert rows[0][-1] == '1.00x' and all(float(row[-2]) > 0 for row in rows)
 
 

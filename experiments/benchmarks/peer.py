@@ -6,8 +6,9 @@ The model is ours at the benchmark's config, as far as x-transformers can expres
 decoder-only LM of the same width, depth, heads and feed-forward size, with heads of model_dim /
 num_heads (x-transformers defaults to 64), rotary embeddings over the whole head (its default is
 half), a ReLU feed-forward (its default is GELU), the output projection tied to the input
-embedding, and a final norm; float32, one AdamW step per row, timed the same way (median of the
-timed steps after warm-up). What still differs is in `DIFFERENCES`, printed beside the table.
+embedding, and a final norm; one AdamW step per row, float32 or, with compute_dtype bfloat16, under
+torch.autocast (parameters float32, matmuls bfloat16, as ours), timed the same way (median of the timed
+steps after warm-up). What still differs is in `DIFFERENCES`, printed beside the table.
 """
 
 import importlib.metadata
@@ -63,7 +64,8 @@ def build_peer_model(variant: str, max_length: int, *, fused: bool, vocab_size: 
 
 
 def run_peer_row(variant: str, length: int, batch: int, steps: int, warmup: int, *, fused: bool,
-                 vocab_size: int, model_dim: int, num_layers: int, num_heads: int, feed_forward_dim: int) -> dict:
+                 vocab_size: int, model_dim: int, num_layers: int, num_heads: int, feed_forward_dim: int,
+                 compute_dtype: str = 'float32') -> dict:
   """One training-step timing of x-transformers; the keys match `experiments.benchmarks.step.run_row`."""
   import torch  # pylint: disable=g-import-not-at-top
   import x_transformers  # pylint: disable=g-import-not-at-top
@@ -80,10 +82,13 @@ def run_peer_row(variant: str, length: int, batch: int, steps: int, warmup: int,
   tokens = torch.randint(0, vocab_size, (batch, length + 1), device=device)
   synchronize = torch.cuda.synchronize if device.type == 'cuda' else lambda: None
 
+  half = compute_dtype == 'bfloat16'
+
   def step():
     optimizer.zero_grad(set_to_none=True)
-    logits = model(tokens[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab_size), tokens[:, 1:].reshape(-1))
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=half):
+      logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab_size), tokens[:, 1:].reshape(-1))
     loss.backward()
     optimizer.step()
     synchronize()

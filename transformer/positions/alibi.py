@@ -42,6 +42,13 @@ def alibi_bias(q_positions_BxLq, k_positions_BxLk, num_heads: int, causal: bool)
   return -slopes_H[None, :, None, None] * alibi_distance(relative_BxLqxLk, causal)[:, None]
 
 
+def alibi_kernel_term(num_heads: int, causal: bool) -> KernelTerm:
+  """-m_h * distance for a kernel: the slopes as one parameter per head."""
+  def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
+    return -parameters[0] * alibi_distance(k_positions_1xBk - q_positions_Bqx1, causal)
+  return KernelTerm(bias, jnp.asarray(alibi_slopes(num_heads))[:, None])
+
+
 class AlibiStack(StackPositions):
   """The bias has no parameters and is the same in every layer: built once per forward pass."""
 
@@ -55,11 +62,7 @@ class AlibiLayer(LayerPositions):
     return shared
 
   def kernel_term(self, kernel_shared):
-    causal = self.causal
-
-    def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
-      return -parameters[0] * alibi_distance(k_positions_1xBk - q_positions_Bqx1, causal)
-    return KernelTerm(bias, jnp.asarray(alibi_slopes(self.num_heads))[:, None])
+    return alibi_kernel_term(self.num_heads, self.causal)
 
   def kernel_serves(self):
     return True
