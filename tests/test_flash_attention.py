@@ -183,3 +183,19 @@ def test_the_compiled_kernel_equals_dense_attention_on_this_accelerator(kind, dt
     scale = max(1.0, float(jnp.max(jnp.abs(b.astype(jnp.float32)))))
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=tolerance * scale,
                                err_msg=name)
+
+
+def test_replicas_under_vmap_get_what_each_gets_alone():
+  """Seeds in one program (experiments/runs/replicas.py) vmap the training step: the kernel and its
+  custom gradient must batch."""
+  parameters, term, _ = _term_and_dense_bias('kerple_log', causal=True)
+  stacked = jnp.stack([jnp.stack(_inputs(12, 12, jnp.float32, batch=1)), jnp.stack(_inputs(12, 12, jnp.float32,
+                                                                                           batch=1)) * 0.5])
+
+  def loss(qkv, parameters):
+    return jnp.sum(jnp.sin(flash_attention(*qkv, causal=True, term=term(parameters), block_q=4, block_k=4)))
+  batched = jax.vmap(jax.value_and_grad(loss, argnums=(0, 1)), in_axes=(0, None))(stacked, parameters)
+  for replica in range(2):
+    alone = jax.value_and_grad(loss, argnums=(0, 1))(stacked[replica], parameters)
+    for got, expected in zip(jax.tree_util.tree_leaves(batched), jax.tree_util.tree_leaves(alone)):
+      np.testing.assert_allclose(got[replica], expected, atol=1e-6)
