@@ -233,7 +233,7 @@ class MultiHeadAttention(nn.Module):
         kernel_serves=positions is None or positions.kernel_serves(),
         mask_in_parts=mask is None or mask_parts is not None)
     bias = None
-    if attention_core.may_use_cudnn(needs):  # whether the variant adds a term decides cuDNN
+    if attention_core.may_use_cudnn(needs) and self.implementation != 'pallas':  # a term rules cuDNN out
       bias = position_term()
       needs = dataclasses.replace(needs, position_term=bias is not None)
     core = attention_core.choose(self.implementation, needs)
