@@ -45,10 +45,11 @@ def _next_power_of_two(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
-def _pad_to(x, axis: int, length: int, value=0):
+def _pad_to(x, axis: int, length: int):
+  """x with zeros appended along axis up to length."""
   padding = [(0, 0)] * x.ndim
   padding[axis] = (0, length - x.shape[axis])
-  return jnp.pad(x, padding, constant_values=value)
+  return jnp.pad(x, padding)
 
 
 def _dot(a, b, contract_a: int, contract_b: int):
@@ -143,7 +144,7 @@ def _term_and_gradient(static: _Static, parameters, q_positions, k_positions, d_
 
 def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_out_block, logsumexp, delta,
                      q_positions, k_positions, k_valid, q_index, k_index):
-  """dP, dS (the logits' gradient) and the weights P of one query block against one key block."""
+  """The weights P and the logits' gradient dS = P (dO V^T - delta) of one query block against one key block."""
   logits, allowed = _logits(static, parameters, q_block, k_block, q_positions, k_positions, k_valid, q_index,
                             k_index)
   weights = jnp.where(allowed, jnp.exp(logits - logsumexp), 0.0)
@@ -223,10 +224,11 @@ def _compiler_params(platform: str, semantics: tuple):
   return None
 
 
-def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape, semantics):
+def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape):
+  """The kernel over a grid of (batch, head, block), every program independent of the others."""
   return pl.pallas_call(functools.partial(kernel, static), grid=grid, in_specs=in_specs, out_specs=out_specs,
                         out_shape=out_shape, interpret=static.platform == 'interpret',
-                        compiler_params=_compiler_params(static.platform, semantics))
+                        compiler_params=_compiler_params(static.platform, ('parallel',) * 3))
 
 
 def _whole(length: int, width: int):
@@ -240,8 +242,8 @@ def _rows(block: int, width: int):
 
 def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, value_dim: int, num_parameters: int,
                   by: str):
-  """Specs for q, k, v, (dO, logsumexp, delta,) positions, validity and parameters: one block of the
-  axis the grid walks (by='query' or 'key'), the whole of the other."""
+  """Specs for q, k, v, the query positions, a line of keys (positions, validity) and the parameters: one
+  block of the axis the grid walks (by='query' or 'key'), the whole of the other."""
   q_rows = _rows(static.block_q, head_dim) if by == 'query' else _whole(length_q, head_dim)
   k_rows = _rows(static.block_k, head_dim) if by == 'key' else _whole(length_k, head_dim)
   v_rows = _rows(static.block_k, value_dim) if by == 'key' else _whole(length_k, value_dim)
@@ -267,13 +269,13 @@ def _flash_forward(static: _Static, q, k, v, q_positions, k_positions, k_valid, 
   length_k, value_dim = k.shape[2], v.shape[3]
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, params.shape[-1], 'query')
-  out, logsumexp = _call(
+  forward = _call(
       _forward_kernel, static, (batch, heads, length_q // static.block_q),
       [q_rows, k_rows, v_rows, q_pos_spec, k_line, k_line, params_spec],
       [_rows(static.block_q, value_dim), _rows(static.block_q, 1)],
       [jax.ShapeDtypeStruct((batch, heads, length_q, value_dim), q.dtype),
-       jax.ShapeDtypeStruct((batch, heads, length_q, 1), jnp.float32)],
-      ('parallel', 'parallel', 'parallel'))(q, k, v, q_positions, k_positions, k_valid, params)
+       jax.ShapeDtypeStruct((batch, heads, length_q, 1), jnp.float32)])
+  out, logsumexp = forward(q, k, v, q_positions, k_positions, k_valid, params)
   return out, (q, k, v, q_positions, k_positions, k_valid, params, out, logsumexp)
 
 
@@ -288,24 +290,25 @@ def _flash_backward(static: _Static, residuals, d_out):
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, num_parameters, 'key')
   q_stats = _whole(length_q, 1)
-  d_k, d_v, d_params = _call(
+  key_values = _call(
       _key_values_kernel, static, (batch, heads, num_key_blocks),
       [q_rows, k_rows, v_rows, _whole(length_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
        params_spec],
       [_rows(static.block_k, head_dim), _rows(static.block_k, value_dim),
        pl.BlockSpec((None, None, None, 1, num_parameters), lambda b, h, i: (b, h, i, 0, 0))],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-       jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32)],
-      ('parallel', 'parallel', 'parallel'))(q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params)
+       jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32)])
+  inputs = (q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params)
+  d_k, d_v, d_params = key_values(*inputs)
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, num_parameters, 'query')
   q_stats = _rows(static.block_q, 1)
-  d_q = _call(
+  queries = _call(
       _query_kernel, static, (batch, heads, length_q // static.block_q),
       [q_rows, k_rows, v_rows, _rows(static.block_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
        params_spec],
-      _rows(static.block_q, head_dim), jax.ShapeDtypeStruct(q.shape, q.dtype),
-      ('parallel', 'parallel', 'parallel'))(q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params)
+      _rows(static.block_q, head_dim), jax.ShapeDtypeStruct(q.shape, q.dtype))
+  d_q = queries(*inputs)
   d_params_Hx1xP = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
   return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(k_positions), jnp.zeros_like(k_valid),
           d_params_Hx1xP)
