@@ -17,6 +17,7 @@ Writes WORKDIR/analysis/:
 import math
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
@@ -24,10 +25,12 @@ from absl import flags
 import transformer
 from experiments.runs import checkpoints
 from experiments.shared import cli
+from experiments.shared.files import save_figure_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run directory (with config.json and checkpoints).')
 _TEXT = flags.DEFINE_string('text', None, 'Input text (character-level language models).')
-_LENGTH = flags.DEFINE_integer('length', None, 'Problem size of the sampled input (default: the training length).')
+_LENGTH = flags.DEFINE_integer('length', None, 'Problem size of the sampled input (default: the training length).',
+                                lower_bound=1)
 
 
 def sqrt_dk_statistics(dims=(4, 16, 64, 256, 1024), keys: int = 64, samples: int = 256, seed: int = 0) -> dict:
@@ -45,6 +48,20 @@ def sqrt_dk_statistics(dims=(4, 16, 64, 256, 1024), keys: int = 64, samples: int
   return stats
 
 
+def _input(task) -> dict:
+  """One input: --text for a character-level language model, else a sampled one of --length."""
+  if _TEXT.value is None:
+    return task.batch(0, 0, 'test', 1, length=_LENGTH.value or task.settings.max_length)
+  from experiments.data import shakespeare as data  # pylint: disable=g-import-not-at-top
+  vocabulary = data.load('train')[1]
+  unknown = sorted({c for c in _TEXT.value if c not in vocabulary})
+  if unknown or not _TEXT.value:
+    raise ValueError(f'--text: got {_TEXT.value!r}; valid: a non-empty text of characters in the vocabulary'
+                     f'{f" (not: {unknown})" if unknown else ""}')
+  ids = np.asarray([[task.bos] + [vocabulary.index(c) for c in _TEXT.value]], np.int32)  # as in training
+  return dict(inputs=ids, valid=np.ones_like(ids, bool))
+
+
 def _decoder_params(params, kind):
   return params['decoder'] if kind != 'encoder_only' else params['encoder']
 
@@ -57,25 +74,32 @@ def main(argv):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   try:
-    config, task, params = checkpoints.load_run(_WORKDIR.value)
+    config, task = checkpoints.run_model(_WORKDIR.value)
+    kind = task.settings.model_kind
+    if config.architecture != 'transformer':
+      raise ValueError(f'--workdir: a {config.architecture} run has no attention to look inside; valid: a '
+                       f'transformer run')
+    if _TEXT.value is not None and task.settings.name != 'shakespeare':
+      raise ValueError(f'--text: a {task.settings.name} run; valid: --text with a character-level language model '
+                       f'run (shakespeare), --length otherwise')
+    length = len(_TEXT.value) + 1 if _TEXT.value is not None else task.sequence_length(
+        _LENGTH.value or task.settings.max_length)
+    rows = config.position.settings.longest_sequence()
+    if rows is not None and length > rows:
+      flag = 'text' if _TEXT.value is not None else 'length'
+      raise ValueError(f'--{flag}: a sequence of {length}, beyond the {rows} positions of the {config.position.kind} '
+                       f'table; valid: at most {rows}')
+    batch = _input(task)
+    config, note = checkpoints.core_for(config, weights=True)
+    params = checkpoints.restore_params(_WORKDIR.value, checkpoints.newest_intact_step(_WORKDIR.value))
   except (OSError, KeyError, ValueError) as error:
     cli.fail(str(error))
+  if note:
+    print(note)
   output = os.path.join(_WORKDIR.value, 'analysis')
   os.makedirs(output, exist_ok=True)
-  kind = task.settings.model_kind
   model = transformer.build_model(config, kind)
 
-  # One input.
-  if _TEXT.value is not None and task.settings.name == 'shakespeare':
-    from experiments.data import shakespeare as data  # pylint: disable=g-import-not-at-top
-    vocabulary = data.load('train')[1]
-    unknown = sorted({c for c in _TEXT.value if c not in vocabulary})
-    if unknown:
-      cli.fail(f'--text: characters {unknown} are not in the vocabulary')
-    ids = np.asarray([[task.bos] + [vocabulary.index(c) for c in _TEXT.value]], np.int32)  # as in training
-    batch = dict(inputs=ids, valid=np.ones_like(ids, bool))
-  else:
-    batch = task.batch(0, 0, 'test', 1, length=_LENGTH.value or task.settings.max_length)
   args, kwargs = task.model_inputs(batch)
   _, state = model.apply({'params': params}, *args, mutable=['intermediates'], **kwargs)
   stack = state['intermediates']['decoder' if kind != 'encoder_only' else 'encoder']
@@ -100,16 +124,18 @@ def main(argv):
   hooks = config.position.variant.stack(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
                         model_dim=config.model_dim, num_layers=1, causal=kind != 'encoder_only')
   shared = hooks.apply({'params': position_params or {}}, positions, positions, method='shared')
-  terms = [t for t in (shared if isinstance(shared, tuple) else (shared,)) if t is not None]
-  if terms:
-    total = np.asarray(sum(terms))[0]
-    figure, axes = plt.subplots(1, config.num_heads, figsize=(3 * config.num_heads, 3), squeeze=False)
-    for head in range(config.num_heads):
+  terms = {}  # label -> the sum of the B x H x Lq x Lk terms added to the logits (a pattern has one per kind)
+  for path, term in jax.tree_util.tree_flatten_with_path(shared)[0]:
+    if np.ndim(term) == 4:
+      terms[_term_label(path)] = terms.get(_term_label(path), 0) + np.asarray(term)[0]
+  for label, total in terms.items():
+    figure, axes = plt.subplots(1, total.shape[0], figsize=(3 * total.shape[0], 3), squeeze=False)
+    for head in range(total.shape[0]):
       image = axes[0, head].imshow(total[head], cmap='coolwarm')
       axes[0, head].set_title(f'head {head}', fontsize=8)
       figure.colorbar(image, ax=axes[0, head], fraction=0.046)
-    figure.suptitle(f'{config.position.kind}: position term added to the logits (query i, key j)')
-    written.append(_save(figure, output, 'position_terms.png', plt))
+    figure.suptitle(f'{config.position.kind}{label}: position term added to the logits (query i, key j)')
+    written.append(_save(figure, output, f'position_terms{label.replace(" ", "_")}.png', plt))
 
   if config.position.kind in ('sinusoidal', 'learned') and kind == 'decoder_only':
     words = params['embedding']['embedding']['embedding'][batch['inputs'][0]] * math.sqrt(config.model_dim)
@@ -155,10 +181,16 @@ def main(argv):
   print('\n'.join(written))
 
 
+def _term_label(path) -> str:
+  """' kind' for a term of a pattern's kind, '' for the variant's own term."""
+  keys = [str(getattr(entry, 'key', getattr(entry, 'idx', ''))) for entry in path]
+  return ''.join(f' {key}' for key in keys if key and not key.isdigit())
+
+
 def _save(figure, output, name, plt):
   path = os.path.join(output, name)
   figure.tight_layout()
-  figure.savefig(path, dpi=110)
+  save_figure_atomically(figure, path, dpi=110)
   plt.close(figure)
   return path
 

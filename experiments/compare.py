@@ -158,13 +158,15 @@ def run_one(command: list[str], workdirs: list[str], stop) -> dict:
 def resolve(rows: list, seeds: int) -> dict:
   """{run name: its resolved configuration}, every run validated; a bad one is a CommandError naming it."""
   import jax  # pylint: disable=g-import-not-at-top
-  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
+  from experiments.runs import preflight, settings  # pylint: disable=g-import-not-at-top
   resolved = {}
   for row in rows:
     for seed in range(seeds):
       name = results.run_name(row, seed)
       try:
         experiment = settings.from_config_dict(row_config(_CONFIG.value, row, seed), jax.device_count())
+        if seed == 0:  # the seed changes no rule the trace checks
+          preflight.check(experiment)
       except settings.ConfigError as error:
         raise cli.CommandError(f'{name}: {error}') from None
       resolved[name] = run_record.canonical(settings.to_dict(experiment))

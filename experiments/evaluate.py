@@ -24,9 +24,9 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments.runs import long_context, run_record, windows
+from experiments.runs import checkpoints, long_context, run_record, windows
 from experiments.shared import cli
-from experiments.shared.files import write_text_atomically
+from experiments.shared.files import save_figure_atomically, write_text_atomically
 from experiments.sweeps.results import line_style
 from transformer.positions.extension import ExtensionSettings, METHODS
 
@@ -40,8 +40,9 @@ _STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction o
 _POSITION = flags.DEFINE_string('position', '', 'FIELD=VALUE,... set on every run\'s model.position at evaluation: '
                                 'the analogues for other variants, e.g. interpolation_factor=4 (sinusoidal, learned) '
                                 'or temperature_scale=0.1,temperature_floor=128 (none).')
-_TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.')
-_BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.')
+_TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.',
+                               lower_bound=1)
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
 _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ (default: from the method, factor, '
                             'protocol and tokens).')
 _COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these comma-separated evaluation '
@@ -52,7 +53,7 @@ STATIC = ('pi', 'ntk', 'yarn', 'llama3')
 
 
 def _requests(methods: list[str]) -> list[long_context.Request]:
-  unknown = [m for m in methods if m not in METHODS]
+  unknown = [m for m in methods if m not in METHODS] or ([] if methods else [''])
   if unknown:
     raise ValueError(f'--extension: got {unknown[0]!r}; valid: a comma-separated list of {", ".join(METHODS)}')
   if any(m in STATIC for m in methods) and _FACTOR.value is None:
@@ -151,7 +152,7 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
   by_length.legend(fontsize=7)
   figure.tight_layout()
   path = os.path.join(output, 'plot_extension.png')
-  figure.savefig(path, dpi=110)
+  save_figure_atomically(figure, path, dpi=110)
   plt.close(figure)
   return [os.path.join(output, name) for name in ('results.md', 'results.csv', 'by_position.md')] + [path]
 
@@ -163,13 +164,53 @@ def _print_table(rows, lengths):
     print(f'{label:<{width}} ' + ' '.join(f'{results[length]["bits_per_character"]:>8.3f}' for length in lengths))
 
 
+def _lengths(text: str, minimum: int) -> list[int]:
+  """--lengths: comma-separated integers of at least `minimum`, sorted, each once."""
+  try:
+    lengths = sorted({int(part) for part in text.split(',') if part.strip()})
+  except ValueError:
+    lengths = []
+  if not lengths or lengths[0] < minimum:
+    raise ValueError(f'--lengths: got {text!r}; valid: comma-separated window lengths of at least {minimum}, '
+                     f'e.g. 128,256,512')
+  return lengths
+
+
+def _check_name(name) -> None:
+  if name is not None and (not name or name in ('.', '..') or '/' in name or os.sep in name):
+    raise ValueError(f'--name: got {name!r}; valid: one directory name under RUN/{long_context.EVALUATIONS}/, no '
+                     f'slashes')
+
+
+def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
+  """Every (run, request) checked before any is evaluated: one bad run or request, and nothing is written."""
+  prepared = []
+  for workdir in workdirs:
+    kind = checkpoints.run_model(workdir)[0].position.kind
+    rotary = issubclass(transformer.VARIANTS[kind].settings, ExtensionSettings)
+    for request in requests:
+      if request.method != 'none' and not rotary:
+        print(f'{workdir}: {kind} is not rotary; --extension={request.method} skipped for it', flush=True)
+        continue
+      prepared.append(long_context.prepare_evaluation(workdir, lengths, request, _NAME.value))
+  directories = [os.path.abspath(evaluation.directory) for evaluation in prepared]
+  repeated = sorted({d for d in directories if directories.count(d) > 1})
+  if repeated:
+    raise ValueError(f'--name/--workdir: {repeated[0]} would hold more than one evaluation; valid: each run once, and '
+                     f'--name only with one method')
+  return prepared
+
+
 def main(argv):
   del argv
   try:
+    _check_name(_NAME.value)
+    if _OUTPUT.value:
+      cli.check_output_path('--output', _OUTPUT.value, directory=True)
     if _COLLECT.value:
       if not _LENGTHS.value or not _OUTPUT.value:
         raise ValueError('--collect: needs --lengths and --output')
-      lengths = sorted({int(x) for x in _LENGTHS.value.split(',')})
+      lengths = _lengths(_LENGTHS.value, 2)
       rows, trained, protocol = _collect(lengths)
       _print_table(rows, lengths)
       print('wrote ' + ', '.join(_write_outputs(_OUTPUT.value, rows, lengths, trained, protocol)))
@@ -181,29 +222,19 @@ def main(argv):
     first = run_record.stored_config(workdirs[0])
     if first is None:
       raise FileNotFoundError(f'--workdir: {workdirs[0]} has no config.json; valid: a training run directory')
-    lengths = (sorted({int(x) for x in _LENGTHS.value.split(',')}) if _LENGTHS.value
-               else sorted(first['task']['eval_lengths']))
-    if min(lengths) < 2:
-      raise ValueError(f'--lengths: got {_LENGTHS.value!r}; valid: comma-separated window lengths >= 2')
+    lengths = _lengths(_LENGTHS.value, 2) if _LENGTHS.value else sorted(first['task']['eval_lengths'])
     protocol = _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value)
     rows = []
-    for workdir in workdirs:
-      resolved = run_record.stored_config(workdir)
-      if resolved is None:
-        raise FileNotFoundError(f'--workdir: {workdir} has no config.json; valid: a training run directory')
-      kind = resolved['model']['position']['kind']
-      rotary = issubclass(transformer.VARIANTS[kind].settings, ExtensionSettings)
-      for request in requests:
-        if request.method != 'none' and not rotary:
-          print(f'{workdir}: {kind} is not rotary; --extension={request.method} skipped for it', flush=True)
-          continue
-        directory, results = long_context.evaluate_run(workdir, lengths, request, _NAME.value,
-                                                       log=lambda line: print(line, flush=True))
-        row = (_label(workdir, request.method, request.position_overrides), results)
-        _write_outputs(directory, [row], lengths, int(resolved['task']['max_length']), protocol)  # this run's view
-        rows.append(row)
-  except (OSError, KeyError, ValueError, FloatingPointError) as error:
+    for evaluation in _prepare(workdirs, lengths, requests):
+      directory, results = long_context.run_evaluation(evaluation, log=lambda line: print(line, flush=True))
+      row = (_label(evaluation.workdir, evaluation.request.method, evaluation.request.position_overrides), results)
+      _write_outputs(directory, [row], lengths, evaluation.description['trained_length'], protocol)  # this run's view
+      rows.append(row)
+  except (OSError, KeyError, ValueError, FloatingPointError, cli.CommandError) as error:
     cli.fail(str(error))
+  if not rows:
+    cli.fail(f'--extension: got {_EXTENSION.value!r}, which applies to none of the runs; valid: none, or runs of a '
+             f'rotary variant')
   _print_table(rows, lengths)
   if _OUTPUT.value:
     written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']), protocol)

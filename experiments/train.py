@@ -39,7 +39,7 @@ def prepare():
     cli.fail('--config: missing; valid: a config file, e.g. --config=configs/algorithmic.py:copy')
   if not _WORKDIR.value:
     cli.fail('--workdir: missing; valid: a directory for the run, e.g. --workdir=runs/copy')
-  from experiments.runs import parallel, settings  # pylint: disable=g-import-not-at-top
+  from experiments.runs import parallel, preflight, settings  # pylint: disable=g-import-not-at-top
   parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   import jax  # pylint: disable=g-import-not-at-top
   try:
@@ -47,7 +47,9 @@ def prepare():
     workdirs = settings.seed_workdirs(_WORKDIR.value, experiment.seed, _SEEDS.value)
     for workdir in workdirs:
       settings.check_workdir(workdir)
-    settings.check_init_from(experiment)
+    preflight.check(experiment)
+    for workdir in workdirs:
+      preflight.check_init_from(experiment, workdir)
   except settings.ConfigError as error:
     cli.fail(str(error))
   return experiment, workdirs

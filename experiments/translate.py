@@ -52,6 +52,9 @@ def load(workdir: str):
   config, task, params = checkpoints.load_run(workdir)
   if not isinstance(task, Translation):
     raise ValueError(f'--workdir: task {task.settings.name!r} in {workdir}; valid: a run of the translation task')
+  config, note = checkpoints.core_for(config, decoding=True)
+  if note:
+    print(f'{workdir}: {note}')
   lengths = decoding.parse_lengths(_LENGTHS.value) if _LENGTHS.value else sorted(task.settings.eval_lengths)
   unknown = [n for n in lengths if n not in task.settings.eval_lengths]
   if unknown:
@@ -133,13 +136,15 @@ def main(argv):
                 if results.finished(os.path.join(_SWEEP.value, name)))
   if not runs:
     cli.fail(f'--sweep: no finished run in {_SWEEP.value}; valid: a sweep with <variant>-seed<k> runs that finished')
-  payloads = {}
-  for name in runs:
-    workdir = os.path.join(_SWEEP.value, name)
+  payloads, loaded = {}, {}
+  for name in runs:  # every run checked before any is decoded
     try:
-      config, task, params, lengths = load(workdir)
+      loaded[name] = load(os.path.join(_SWEEP.value, name))
     except (OSError, KeyError, ValueError) as error:
       cli.fail(str(error))
+  for name in runs:
+    workdir = os.path.join(_SWEEP.value, name)
+    config, task, params, lengths = loaded[name]
     payloads[name] = scored_before(workdir, lengths)
     print(f'{name}: {"scored before, with the same options" if payloads[name] else "decoding"}', flush=True)
     if payloads[name] is None:

@@ -119,8 +119,9 @@ def test_a_replica_finished_beside_an_unfinished_one_is_left_as_it_is(tmp_path):
 
 def test_replicas_that_cannot_resume_together_are_refused_before_training(tmp_path):
   trainer.run(smoke_experiment(seed=1, **{'train.steps': 10}), str(tmp_path / 'seed1'))
-  with pytest.raises(trainer.ReplicasOutOfStep, match=r'checkpoints are at step 0 in .*seed0, step 10 in .*seed1; '
-                                                      r'train them one at a time \(--seeds=1\)'):
+  with pytest.raises(trainer.ReplicasOutOfStep, match=r'checkpoints are at step 0 in .*seed0, step 10 in .*seed1 '
+                                                      r'with no step saved by all; train them one at a time '
+                                                      r'\(--seeds=1\)'):
     trainer.run_seeds(smoke_experiment(), [str(tmp_path / 'seed0'), str(tmp_path / 'seed1')])
   assert not (tmp_path / 'seed0' / 'metrics.jsonl').exists()
 

@@ -34,13 +34,13 @@ from transformer.flash_attention import flash_attention
 from transformer.positions import alibi, relative, shaw, t5
 from experiments.shared import cli
 
-_LENGTH = flags.DEFINE_integer('length', 1024, 'Sequence length.')
-_BATCH = flags.DEFINE_integer('batch_size', 4, 'Sequences.')
-_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
-_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head width.')
-_CLIP = flags.DEFINE_integer('clip_distance', 16, "Shaw's k.")
-_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per row.')
-_BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per block in the blockwise row.')
+_LENGTH = flags.DEFINE_integer('length', 1024, 'Sequence length.', lower_bound=2)
+_BATCH = flags.DEFINE_integer('batch_size', 4, 'Sequences.', lower_bound=1)
+_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.', lower_bound=1)
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 64, 'Head width.', lower_bound=1)
+_CLIP = flags.DEFINE_integer('clip_distance', 16, "Shaw's k.", lower_bound=0)
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed calls per row.', lower_bound=1)
+_BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per block in the blockwise row.', lower_bound=1)
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'], 'Queries, keys and values.')
 _PALLAS = flags.DEFINE_boolean('pallas_rows', False, 'Add the Pallas kernel with no term, ALiBi and T5 inside.')
 _FLEX = flags.DEFINE_boolean('flex', False, "Add PyTorch's FlexAttention with the same terms (the [peer] extra).")

@@ -27,15 +27,16 @@ from absl import flags
 from experiments.shared import cli
 from experiments.benchmarks.flops import matmul_peak, median_seconds, model_flops_per_step, step_kernels
 
-_LENGTH = flags.DEFINE_integer('length', 256, 'Sequence length.')
-_BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.')
-_BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per causal attention block (0: one L x L block).')
-_MODEL_DIM = flags.DEFINE_integer('model_dim', 256, 'd_model.')
-_LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.')
-_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
-_FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.')
-_VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.')
-_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per kernel.')
+_LENGTH = flags.DEFINE_integer('length', 256, 'Sequence length.', lower_bound=2)
+_BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.', lower_bound=1)
+_BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per causal attention block (0: one L x L block).',
+                              lower_bound=0)
+_MODEL_DIM = flags.DEFINE_integer('model_dim', 256, 'd_model.', lower_bound=1)
+_LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.', lower_bound=1)
+_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.', lower_bound=1)
+_FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.', lower_bound=1)
+_VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.', lower_bound=1)
+_REPEATS = flags.DEFINE_integer('repeats', 20, 'Timed calls per kernel.', lower_bound=1)
 _ONE_CORE = flags.DEFINE_boolean('one_core', False, 'Internal: pin this process to one core, time, print JSON.')
 
 

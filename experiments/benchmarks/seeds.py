@@ -26,8 +26,8 @@ from experiments.shared import cli
 _CONFIGS = flags.DEFINE_string('configs', 'configs/algorithmic.py:copy,configs/shakespeare.py',
                                'Comma-separated config files (with :argument).')
 _SEEDS = flags.DEFINE_string('seeds', '1,2,4,8', 'Comma-separated replica counts; 1 is the run alone.')
-_STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per row.')
-_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps after compilation.')
+_STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps per row.', lower_bound=1)
+_WARMUP = flags.DEFINE_integer('warmup', 3, 'Untimed steps after compilation.', lower_bound=0)
 _JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file.')
 _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "config|seeds", and print its JSON.')
 

@@ -19,6 +19,7 @@ second table gives ours / theirs at their fastest setting.
 """
 
 import json
+import math
 import os
 import resource
 import statistics
@@ -34,22 +35,22 @@ from transformer.attention_core import IMPLEMENTATIONS
 
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
 _LENGTHS = flags.DEFINE_string('lengths', '256,1024', 'Comma-separated sequence lengths.')
-_BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.')
-_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per row.')
-_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
-_MODEL_DIM = flags.DEFINE_integer('model_dim', 256, 'd_model.')
-_LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.')
-_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.')
-_FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.')
-_VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.')
+_BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.', lower_bound=1)
+_STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per row.', lower_bound=1)
+_WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.', lower_bound=0)
+_MODEL_DIM = flags.DEFINE_integer('model_dim', 256, 'd_model.', lower_bound=1)
+_LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.', lower_bound=1)
+_HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.', lower_bound=1)
+_FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.', lower_bound=1)
+_VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.', lower_bound=1)
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
                            'Activations and matmuls (parameters stay float32); MFU is against the peak of this dtype.')
 _REMAT = flags.DEFINE_boolean('remat', False, 'Recompute layer activations in the backward pass.')
 _BLOCK = flags.DEFINE_integer('attention_block_size', 128,
                               'Causal attention this many queries at a time beyond it, as the experiments do by '
-                              'default (configs/base.py); 0: one L x L softmax.')
+                              'default (configs/base.py); 0: one L x L softmax.', lower_bound=0)
 _KEY_BLOCK = flags.DEFINE_integer('attention_key_block_size', 0,
-                                  'With blocks: keys per online-softmax block (0: all keys a block may see).')
+                                  'With blocks: keys per online-softmax block (0: all keys a block may see).', lower_bound=0)
 _IMPLEMENTATION = flags.DEFINE_enum('attention_implementation', 'auto', list(IMPLEMENTATIONS),
                                     'The attention core (model.attention_implementation).')
 _PEAK = flags.DEFINE_float('peak_flops', 0.0, "MFU against this FLOP/s (a device's stated dense peak for "
@@ -144,7 +145,16 @@ def main(argv):
   unknown = [v for v in variants if v not in transformer.VARIANTS]
   if unknown:
     cli.fail(f'--positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}')
-  lengths = [int(n) for n in _LENGTHS.value.split(',')]
+  try:
+    lengths = [int(n) for n in _LENGTHS.value.split(',')]
+  except ValueError:
+    lengths = []
+  if not lengths or min(lengths) < 2:
+    cli.fail(f'--lengths: got {_LENGTHS.value!r}; valid: comma-separated sequence lengths of at least 2, e.g. 256,1024')
+  if not (_PEAK.value >= 0 and math.isfinite(_PEAK.value)):
+    cli.fail(f'--peak_flops: got {_PEAK.value}; valid: a FLOP/s figure > 0, or 0 to measure one')
+  if _MODEL_DIM.value % _HEADS.value:
+    cli.fail(f'--num_heads: got {_HEADS.value}; valid: a divisor of --model_dim={_MODEL_DIM.value}')
   if _PEER.value:
     from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
     if not peer.peer_available():
@@ -205,7 +215,7 @@ def main(argv):
                                             attention_implementation=_IMPLEMENTATION.value, peak_flops=_PEAK.value,
                                             attention_block_size=_BLOCK.value,
                                             attention_key_block_size=_KEY_BLOCK.value, rows=rows,
-                                            peer_rows=peer_rows))
+                                            peer_rows=peer_rows), allow_nan=True)  # NaN: no baseline row
 
 
 def print_peer_table(rows: list, peer_rows: list) -> None:

@@ -28,6 +28,9 @@ from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
 
 
+INIT_FROM_FILE = 'init_from.json'
+
+
 class CheckpointMismatch(ValueError):
   """The checkpoint on disk was written by a config with other shapes."""
 
@@ -140,9 +143,14 @@ class Checkpoints:
       except Exception as error:  # pylint: disable=broad-except
         self._set_aside(step, ' '.join(str(error).split())[:200] or type(error).__name__)
         continue
-      _check_shapes(restored, _as_tree(template_state), step, self.directory)
+      check_shapes(restored, _as_tree(template_state), step, self.directory)
       return step, template_state.replace(**restored), (digest or {}).get('covers')
     return None, template_state, None
+
+  def set_aside_after(self, step: int, reason: str) -> None:
+    """Moves every checkpoint newer than `step` aside (checkpoints.unreadable/), as an unusable one is."""
+    for newer in sorted(s for s in self.manager.all_steps() if s > step):
+      self._set_aside(newer, reason)
 
   def _set_aside(self, step: int, reason: str) -> None:
     destination = os.path.join(self.unreadable, f'{step}-{int(time.time())}')
@@ -165,7 +173,7 @@ def _as_tree(state) -> dict:
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}
 
 
-def _check_shapes(restored, template, step: int, directory: str) -> None:
+def check_shapes(restored, template, step: int, directory: str) -> None:
   found = {jax.tree_util.keystr(path): np.shape(leaf)
            for path, leaf in jax.tree_util.tree_flatten_with_path(restored)[0]}
   wanted = {jax.tree_util.keystr(path): np.shape(leaf)
@@ -187,6 +195,14 @@ def load_run(workdir: str):
 
 def load_run_with_step(workdir: str):
   """load_run's (model config, task, params) and the step of the checkpoint they come from."""
+  model_config, task = run_model(workdir)
+  step = newest_intact_step(workdir)
+  return model_config, task, restore_params(workdir, step), step
+
+
+def run_model(workdir: str):
+  """(model config, task) under the run's configuration (config.json with its recorded changes),
+  attention implementation and pattern included: what the run trained."""
   from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
   resolved = run_record.stored_config(workdir)
   if resolved is None:
@@ -195,12 +211,34 @@ def load_run_with_step(workdir: str):
   model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
                                          **model_fields)
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
-  task = TASKS[task_fields['name']](TaskSettings(**task_fields))
+  return model_config, TASKS[task_fields['name']](TaskSettings(**task_fields))
+
+
+def core_for(config: transformer.ModelConfig, *, weights: bool = False, decoding: bool = False):
+  """(config, note): the run's model with an attention core that serves what a command does with it, and a
+  line saying so when that is not the run's own. Weights (analyze's maps) are formed by the explicit core
+  only; a cached decoding step is not one the Pallas kernel serves (auto then picks, as in training). Every
+  core computes the same attention, up to float rounding."""
+  own = config.attention_implementation
+  if weights and own not in ('auto', 'explicit'):
+    core, why = 'explicit', 'reads the attention weights, which only the explicit core forms'
+  elif decoding and own == 'pallas':
+    core, why = 'auto', 'decodes step by step through a cache, which the Pallas kernel does not serve'
+  else:
+    return config, None
+  return (config.replace(attention_implementation=core),
+          f'this command {why}: model.attention_implementation={core} instead of the run\'s {own} (the same '
+          f'attention, up to float rounding)')
+
+
+def newest_intact_step(workdir: str) -> int:
+  """The step of the run's newest checkpoint; a FileNotFoundError when it has none, a ValueError when
+  its bytes no longer match its digest."""
   directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
-  manager = ocp.CheckpointManager(directory)
-  step = manager.latest_step()
-  if step is None:
-    raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to analyse; train the run first')
+  steps = sorted(int(name) for name in os.listdir(directory) if name.isdigit()) if os.path.isdir(directory) else []
+  if not steps:
+    raise FileNotFoundError(f'{workdir}/checkpoints: no checkpoint to read; train the run first')
+  step = steps[-1]
   digest = read_digest(directory, step)
   if digest is not None:
     changed = changed_files(directory, step, digest)
@@ -208,8 +246,14 @@ def load_run_with_step(workdir: str):
       raise ValueError(f'{directory}/{step}: its bytes changed since it was written ({", ".join(changed[:3])}); '
                        f'restart the training command on {workdir}, which sets it aside and resumes from an '
                        f'older one')
+  return step
+
+
+def restore_params(workdir: str, step: int):
+  """The parameters of the checkpoint at `step`, as jax arrays."""
+  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')))
   params = manager.restore(step, args=ocp.args.StandardRestore())['params']
-  return model_config, task, jax.tree_util.tree_map(jnp.asarray, params), step
+  return jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def initial_params(workdir: str, template_params, init_from: str):
@@ -218,8 +262,8 @@ def initial_params(workdir: str, template_params, init_from: str):
   that has moved on since (its newest checkpoint at another step)."""
   from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
   _, _, params, step = load_run_with_step(init_from)
-  _check_shapes({'params': params}, {'params': template_params}, step, os.path.join(init_from, 'checkpoints'))
-  record_path = os.path.join(workdir, 'init_from.json')
+  check_shapes({'params': params}, {'params': template_params}, step, os.path.join(init_from, 'checkpoints'))
+  record_path = os.path.join(workdir, INIT_FROM_FILE)
   source = dict(workdir=os.path.abspath(init_from), step=int(step), finished_step=run_record.finished_step(init_from))
   if os.path.exists(record_path):
     with open(record_path) as file:

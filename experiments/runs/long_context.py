@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+import typing
 from typing import Optional
 
 import jax
@@ -22,7 +23,8 @@ import numpy as np
 
 import transformer
 from experiments.runs import checkpoints, run_record, windows
-from experiments.shared.files import append_line_durably, write_json_atomically
+from experiments.runs.metrics import whole_lines
+from experiments.shared.files import append_line_durably, write_json_atomically, write_text_atomically
 from transformer.positions.extension import ExtensionSettings, METHODS
 
 EVALUATIONS = 'evaluations'
@@ -47,22 +49,47 @@ def default_name(request: Request) -> str:
   return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'
 
 
+EXTENSION_FIELDS = ('rope_extension', 'extension_factor', 'original_length')  # what --extension and --factor set
+
+
 def parse_position(text: str) -> tuple:
-  """'field=value,field=value' -> ((field, value), ...), values as the number or word they spell."""
+  """'field=value,field=value' -> ((field, value), ...), values as the number or word they spell;
+  extended_config checks each against the run's variant."""
   pairs = []
   for item in (part.strip() for part in text.split(',') if part.strip()):
     field, separator, value = item.partition('=')
-    if not separator or not field:
+    if not separator or not field.strip() or not value.strip():
       raise ValueError(f'--position: got {item!r}; valid: FIELD=VALUE pairs separated by commas, e.g. '
                        'interpolation_factor=4')
+    field, value = field.strip(), value.strip()
+    if field in EXTENSION_FIELDS:
+      raise ValueError(f'--position: got {field}={value}; valid: the extension through --extension and --factor '
+                       f'(they set {", ".join(EXTENSION_FIELDS)}, and name the evaluation by them)')
     for convert in (int, float):
       try:
         value = convert(value)
         break
       except ValueError:
         continue
-    pairs.append((field.strip(), value))
+    pairs.append((field, value))
+  fields = [field for field, _ in pairs]
+  repeated = sorted({field for field in fields if fields.count(field) > 1})
+  if repeated:
+    raise ValueError(f'--position: got {text!r}, which sets {repeated[0]} twice; valid: each field once')
   return tuple(pairs)
+
+
+def _typed(field: str, value, hint, kind: str):
+  """The override's value as the setting's type; a ValueError names the flag, the field and the type."""
+  if hint is bool and value in ('true', 'false', 'True', 'False', 0, 1):
+    return value in ('true', 'True', 1)
+  if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    value = float(value)
+  if not isinstance(value, hint) or (hint is int and isinstance(value, bool)) or (
+      hint is float and not math.isfinite(value)):
+    valid = 'a finite number' if hint is float else f'a {hint.__name__}'
+    raise ValueError(f'--position: got {field}={value!r}; valid: {valid} ({kind}\'s {field} is a {hint.__name__})')
+  return value
 
 
 def _with_position(config: transformer.ModelConfig, pairs: tuple) -> transformer.ModelConfig:
@@ -70,10 +97,16 @@ def _with_position(config: transformer.ModelConfig, pairs: tuple) -> transformer
     return config
   fields = dict(config.position.fields())
   kind = fields.pop('kind')
+  hints = typing.get_type_hints(config.position.variant.settings)
   for field, value in pairs:
-    current = fields.get(field)
-    fields[field] = float(value) if isinstance(current, float) else value
-  return config.replace(position=transformer.PositionConfig(kind, **fields))
+    if field not in hints:
+      raise ValueError(f'--position: {field}: not a setting of {kind}, whose settings are: '
+                       f'{", ".join(sorted(hints)) or "(none)"}')
+    fields[field] = _typed(field, value, hints[field], kind)
+  try:
+    return config.replace(position=transformer.PositionConfig(kind, **fields))
+  except ValueError as error:
+    raise ValueError(f'--position: {" ".join(str(error).split())}') from None
 
 
 def extended_config(config: transformer.ModelConfig, resolved: dict, request: Request) -> tuple:
@@ -140,26 +173,45 @@ def position_bands(length: int, trained: int) -> list[tuple[int, int]]:
 
 
 def _read_results(path: str) -> dict:
-  results = {}
-  if os.path.exists(path):
-    with open(path) as file:
-      for line in file:
-        if line.strip():
-          record = json.loads(line)
-          results[record['length']] = record
-  return results
+  """Results by length. A torn last line (an evaluation killed while appending) is dropped with a warning
+  and cut from the file, so the next length appends after whole lines; damage before the end is refused
+  (metrics.MetricsDamaged)."""
+  if not os.path.exists(path):
+    return {}
+  lines = whole_lines(path)
+  with open(path) as file:
+    if file.read() != ''.join(lines):
+      write_text_atomically(path, ''.join(lines))
+  records = [json.loads(line) for line in lines]
+  return {record['length']: record for record in records}
 
 
-def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optional[str] = None,
-                 log=print) -> tuple[str, dict]:
-  """Evaluates one run under one request; returns (its evaluation directory, results by length)."""
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """One (run, request), checked and described, before anything is written."""
+  workdir: str
+  lengths: tuple
+  request: Request
+  config: transformer.ModelConfig  # the run's model with the request's extension and overrides
+  task: object
+  step: int
+  directory: str
+  description: dict
+  exists: bool  # the directory already describes this evaluation: resume it
+
+
+def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name: Optional[str] = None) -> Evaluation:
+  """Every check of one (run, request) that can fail, reading only: the run, its checkpoint, the
+  extension and overrides against its variant, the lengths against its table, the tokens against its
+  stream, and an evaluation directory of that name that describes another evaluation."""
   resolved = run_record.stored_config(workdir)
   if resolved is None:
     raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
-  config, task, params, step = checkpoints.load_run_with_step(workdir)
+  config, task = checkpoints.run_model(workdir)
   if not hasattr(task, 'stream') or task.settings.model_kind != 'decoder_only':
     raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
                      f'language model run (shakespeare)')
+  step = checkpoints.newest_intact_step(workdir)
   if request.method not in METHODS:
     raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
   config, original = extended_config(config, resolved, request)
@@ -167,10 +219,12 @@ def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optio
   if rows is not None and max(lengths) > rows:
     raise ValueError(f'--lengths: {max(lengths)} exceeds the {rows} positions the {config.position.kind} table of '
                      f'{workdir} has; valid: lengths up to {rows}')
-  stream = task.stream('eval')
-  if request.tokens > len(stream):
-    raise ValueError(f'--tokens: got {request.tokens}; valid: at most {len(stream)}, the held-out stream\'s length')
-  stream = stream[:request.tokens]
+  available = len(task.stream('eval'))
+  if request.tokens > available:
+    raise ValueError(f'--tokens: got {request.tokens}; valid: at most {available}, the held-out stream\'s length')
+  if max(lengths) > request.tokens:
+    raise ValueError(f'--lengths: {max(lengths)} is longer than the {request.tokens} tokens scored (--tokens); '
+                     f'valid: lengths up to {request.tokens}')
   description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
                      finished_step=run_record.finished_step(workdir), variant=config.position.kind,
                      position=config.position.fields(), original_length=original,
@@ -179,8 +233,9 @@ def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optio
   description['position_overrides'] = [list(pair) for pair in request.position_overrides]
   description.pop('batch_size')  # how many windows run at once does not change a number
   directory = os.path.join(workdir, EVALUATIONS, name or default_name(request))
-  spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.jsonl')
-  if os.path.exists(spec_path):
+  spec_path = os.path.join(directory, 'evaluation.json')
+  exists = os.path.exists(spec_path)
+  if exists:
     with open(spec_path) as file:
       recorded = json.load(file)
     recorded.setdefault('position_overrides', [])  # written before overrides existed: none
@@ -188,22 +243,39 @@ def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optio
     if differing:
       found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
       raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
-  else:
+    _read_results(os.path.join(directory, 'results.jsonl'))  # damage before the end is refused here, not later
+  return Evaluation(workdir=workdir, lengths=tuple(lengths), request=request, config=config, task=task, step=step,
+                    directory=directory, description=description, exists=exists)
+
+
+def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
+  """Runs a prepared evaluation: (its directory, results by length). Lengths already there are kept."""
+  directory, request = evaluation.directory, evaluation.request
+  results_path = os.path.join(directory, 'results.jsonl')
+  if not evaluation.exists:
     os.makedirs(directory, exist_ok=True)
-    write_json_atomically(spec_path, description)
+    write_json_atomically(os.path.join(directory, 'evaluation.json'), evaluation.description)
   results = _read_results(results_path)
-  bits_function = _bits_function(transformer.build_model(config, 'decoder_only'))
-  for length in lengths:
+  params = checkpoints.restore_params(evaluation.workdir, evaluation.step)
+  stream = evaluation.task.stream('eval')[:request.tokens]
+  bits_function = _bits_function(transformer.build_model(evaluation.config, 'decoder_only'))
+  for length in evaluation.lengths:
     if length in results:
       continue
     started = time.time()
-    record = evaluate_length(bits_function, params, stream, task.bos, length, request)
+    record = evaluate_length(bits_function, params, stream, evaluation.task.bos, length, request)
     record['seconds'] = round(time.time() - started, 1)
-    append_line_durably(results_path, json.dumps(record, sort_keys=True))
+    append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))
     results[length] = record
-    log(f'{workdir} {request.method}: length {length}: {record["bits_per_character"]:.4f} bits per character '
-        f'({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
-  return directory, {length: results[length] for length in lengths}
+    log(f'{evaluation.workdir} {request.method}: length {length}: {record["bits_per_character"]:.4f} bits per '
+        f'character ({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
+  return directory, {length: results[length] for length in evaluation.lengths}
+
+
+def evaluate_run(workdir: str, lengths: list[int], request: Request, name: Optional[str] = None,
+                 log=print) -> tuple[str, dict]:
+  """Evaluates one run under one request; returns (its evaluation directory, results by length)."""
+  return run_evaluation(prepare_evaluation(workdir, lengths, request, name), log)
 
 
 def read_evaluation(directory: str, lengths: list[int]) -> tuple[dict, dict]:

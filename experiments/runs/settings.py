@@ -225,15 +225,6 @@ def position_table_length(model: transformer.ModelConfig) -> Optional[int]:
   return model.position.settings.longest_sequence()
 
 
-def check_init_from(experiment: Experiment) -> None:
-  """ConfigError unless train.init_from is empty or a run directory with checkpoints (checked before a run is
-  created, so a mistyped source leaves nothing behind)."""
-  source = experiment.train.init_from
-  if source and not os.path.isdir(os.path.join(source, 'checkpoints')):
-    raise ConfigError(f'train.init_from: got {source!r}, which has no checkpoints directory; valid: the --workdir '
-                      f'of a training run, or empty for a fresh initialisation')
-
-
 def check_workdir(workdir: str) -> None:
   """The workdir must be creatable and writable; checked without creating anything."""
   path = os.path.abspath(workdir)

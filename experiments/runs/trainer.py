@@ -114,9 +114,9 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
               devices: Optional[list] = None) -> list[dict]:
   """Trains the runs of seeds experiment.seed + i, in workdirs[i], side by side in one program
   (experiments/runs/replicas.py); each is the run its seed would be alone. Returns each run's last
-  evaluation. They resume together, so they must resume from the same step (ReplicasOutOfStep
-  otherwise). A replica whose loss turns non-finite is reported and stops (its last good checkpoint
-  kept) while the others train on; the call then raises NonFiniteLoss naming it, after the others
+  evaluation. They resume together, from the newest step every one of them saved (ReplicasOutOfStep
+  when they share none). A replica whose loss turns non-finite is reported and stops (its last good
+  checkpoint kept) while the others train on; the call then raises NonFiniteLoss naming it, after the others
   have finished or stopped."""
   if len(set(map(os.path.abspath, workdirs))) < len(workdirs):
     raise WorkdirUnusable(f'workdirs: got {workdirs}; valid: one distinct workdir per seed')
@@ -145,9 +145,8 @@ def _run_locked(experiments, workdirs, primary, wrap_train_step, devices, stop) 
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
   placement = Placement(experiment.parallel, devices, batch_axis=replicas.batch_axis)
-  all_checkpoints = []
+  all_checkpoints, templates = [], []
   try:
-    restored = []
     for run_experiment, workdir in zip(experiments, workdirs):
       checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, primary)
       all_checkpoints.append(checkpoints)
@@ -156,15 +155,10 @@ def _run_locked(experiments, workdirs, primary, wrap_train_step, devices, stop) 
         host_state = host_state.replace(params=jax.device_get(checkpoints_module.initial_params(
             workdir, host_state.params, run_experiment.train.init_from)))
         logging.info('%s: starting from the parameters of %s', workdir, run_experiment.train.init_from)
+      templates.append(host_state)
       stop.check()
-      restored.append(checkpoints.restore_latest(
-          host_state, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None))
+    restored = _restore_together(all_checkpoints, templates, workdirs, primary)
     start_steps = [step or 0 for step, _, _ in restored]
-    if len(set(start_steps)) > 1:
-      raise ReplicasOutOfStep(
-          'the runs of one program resume together, from one step, but their checkpoints are at ' +
-          ', '.join(f'step {step} in {workdir}' for step, workdir in zip(start_steps, workdirs)) +
-          '; train them one at a time (--seeds=1), or with experiments.compare, which groups runs by their step')
     start_step = start_steps[0]
     if primary:
       for workdir, changes in zip(workdirs, all_changes):
@@ -207,6 +201,30 @@ def _run_locked(experiments, workdirs, primary, wrap_train_step, devices, stop) 
       checkpoints.close()
   return [_read_summary(path) if done else evaluation
           for path, done, evaluation in zip(summaries, finished, evaluations)]
+
+
+def _restore_together(all_checkpoints, templates, workdirs, primary) -> list:
+  """Each replica's (step, state, covers) from the newest step that every replica saved and can restore: a
+  program killed while saving leaves some replicas' newest step on disk and not others', and the newer ones
+  are set aside (moved, never deleted) to resume from the step they share. Replicas that share no saved
+  step (one trained further alone) are refused: ReplicasOutOfStep."""
+  while True:
+    restored = [checkpoints.restore_latest(
+        template, still_valid=functools.partial(metrics_file.missing_records, workdir) if primary else None)
+                for checkpoints, template, workdir in zip(all_checkpoints, templates, workdirs)]
+    steps_found = [step or 0 for step, _, _ in restored]
+    shared = min(steps_found)
+    if len(set(steps_found)) == 1:
+      return restored
+    if shared == 0 or any(shared not in checkpoints.manager.all_steps() for checkpoints in all_checkpoints):
+      raise ReplicasOutOfStep(
+          'the runs of one program resume together, from one step, but their checkpoints are at ' +
+          ', '.join(f'step {step} in {workdir}' for step, workdir in zip(steps_found, workdirs)) +
+          ' with no step saved by all; train them one at a time (--seeds=1), or with experiments.compare, which '
+          'groups runs by their step')
+    for checkpoints in all_checkpoints:
+      checkpoints.set_aside_after(shared, f'newer than step {shared}, the newest step every seed of this program '
+                                          f'saved: a save cut short')
 
 
 def _read_summary(path: str) -> dict:
@@ -292,7 +310,7 @@ def _train(experiment, workdirs, primary, wrap_train_step, stop, task, model, pl
         if active[i]:
           write_json_atomically(os.path.join(workdir, SUMMARY_FILE), dict(step=step, evaluation={  # by length
               str(length): dict(sorted(last_evaluation[i][length].items()))
-              for length in sorted(last_evaluation[i])}), sort_keys=False)
+              for length in sorted(last_evaluation[i])}), sort_keys=False, allow_nan=True)
   finally:
     progress.close()
   if diverged:

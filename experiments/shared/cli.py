@@ -32,6 +32,20 @@ def fail(message: str) -> NoReturn:
   sys.exit(2)
 
 
+def check_output_path(flag: str, path: str, directory: bool = False) -> None:
+  """CommandError unless `path` can be written (a file, or a directory when `directory`): its nearest existing
+  ancestor is a writable directory and the path itself is not of the other kind. Creates nothing."""
+  absolute = os.path.abspath(path)
+  if os.path.exists(absolute) and os.path.isdir(absolute) != directory:
+    raise CommandError(f'{flag}: got {path!r}, which is a {"file" if directory else "directory"}; valid: a '
+                       f'{"directory" if directory else "file"} path')
+  existing = os.path.dirname(absolute) if not directory else absolute
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+    raise CommandError(f'{flag}: got {path!r}; valid: a path under a writable directory ({existing} is not one)')
+
+
 def load_config_file(argument: str):
   """The ConfigDict that `--config=PATH[:ARG]` names, loaded as ml_collections loads it, with every way
   the file can fail named: missing, failing to import, no get_config, get_config raising, or

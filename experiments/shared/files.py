@@ -3,6 +3,7 @@ old file or the new one, never half of one: written to PATH.tmp, fsynced, rename
 rename fsynced through the directory. An appended line is fsynced before the call returns."""
 
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -30,13 +31,23 @@ def write_text_atomically(path: str, text: str) -> None:
   write_bytes_atomically(path, text.encode('utf-8'))
 
 
-def write_json_atomically(path: str, payload, sort_keys: bool = True) -> None:
-  write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys))
+def write_json_atomically(path: str, payload, sort_keys: bool = True, allow_nan: bool = False) -> None:
+  """Strict JSON unless allow_nan: a NaN or an infinity is then a ValueError before anything is written (JSON
+  has neither). allow_nan is for records where NaN means undefined (an AUC without positives), which
+  Python's json reads back."""
+  write_text_atomically(path, json.dumps(payload, indent=2, sort_keys=sort_keys, allow_nan=allow_nan))
 
 
 def write_xz_atomically(path: str, text: str, encoding: str) -> None:
   """text, encoded and xz-compressed (preset 9: the same bytes lzma.open(path, 'wt', preset=9) writes)."""
   write_bytes_atomically(path, lzma.compress(text.encode(encoding), format=lzma.FORMAT_XZ, preset=9))
+
+
+def save_figure_atomically(figure, path: str, dpi: int) -> None:
+  """A matplotlib figure as a PNG, written as write_bytes_atomically writes: never half a picture."""
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format='png', dpi=dpi)
+  write_bytes_atomically(path, buffer.getvalue())
 
 
 def append_line_durably(path: str, line: str) -> None:

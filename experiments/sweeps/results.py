@@ -11,7 +11,7 @@ from typing import Optional
 
 from experiments.runs import run_record
 from experiments.sweeps.statistics import CONFIDENCE, mean_interval, paired_difference
-from experiments.shared.files import write_json_atomically, write_text_atomically
+from experiments.shared.files import save_figure_atomically, write_json_atomically, write_text_atomically
 
 FAILURES_FILE = 'failures.json'
 EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
@@ -257,7 +257,7 @@ def plot(sweep: str, table: Table) -> list:
     axis.grid(alpha=0.3)
     path = os.path.join(sweep, f'plot_{metric}.png')
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    save_figure_atomically(figure, path, dpi=120)
     plt.close(figure)
     written.append(path)
   figure, axis = plt.subplots(figsize=(7, 4.5))
@@ -273,6 +273,6 @@ def plot(sweep: str, table: Table) -> list:
   axis.grid(alpha=0.3)
   path = os.path.join(sweep, 'training_curves.png')
   figure.tight_layout()
-  figure.savefig(path, dpi=120)
+  save_figure_atomically(figure, path, dpi=120)
   plt.close(figure)
   return written + [path]

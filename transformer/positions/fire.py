@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 
 EPSILON = 1e-6  # added to psi(max(L, i)), as the reference code does
+MAX_THRESHOLD = 2 ** 24  # float32 holds every integer position up to here; far beyond, c L overflows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +34,9 @@ class FireSettings(Settings):
   fire_mlp_width: int = 32          # hidden units of f_theta
 
   def check(self):
-    require(self.fire_threshold > 0, 'position.fire_threshold', self.fire_threshold,
-            'a positive number of positions (psi(max(L, i)) is 0 at L = 0 for the first query)')
+    require(0 < self.fire_threshold <= MAX_THRESHOLD, 'position.fire_threshold', self.fire_threshold,
+            f'a number of positions in (0, {MAX_THRESHOLD}] (psi(max(L, i)) is 0 at L = 0 for the first query; '
+            f'float32 counts positions exactly up to 2^24)')
     require(self.fire_mlp_width >= 1, 'position.fire_mlp_width', self.fire_mlp_width, 'a positive integer')
 
   def shift_invariant_below(self):

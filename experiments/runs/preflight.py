@@ -1,0 +1,93 @@
+"""What the library can only refuse while tracing, found before a run writes anything.
+
+Some refusals depend on the call, not the config alone: the attention core asked for
+(model.attention_implementation) needs the backend, the compute dtype, whether attention dropout
+reads the weights, what the variant adds, the mask's parts (transformer/attention_core.py). Rather
+than restate those rules, `check` traces the run's own initialisation and training step abstractly
+(`jax.eval_shape`: shapes only, nothing compiled, allocated or written) and turns any ValueError the
+library raises into a ConfigError, so the command refuses in one line with the library's own words.
+"""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+import transformer
+from experiments.runs import checkpoints, steps
+from experiments.runs.settings import ConfigError, Experiment
+from experiments.tasks import TASKS
+
+SAMPLE_BATCH = 2  # examples in the traced batch: the rules do not depend on the batch size
+
+
+def check(experiment: Experiment) -> None:
+  """ConfigError if tracing this run's initialisation or training step raises a ValueError."""
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  try:
+    state = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+    batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                   task.batch(experiment.seed, 0, 'train', SAMPLE_BATCH))
+    train_step = functools.partial(steps.train_step, model=model, task=task, experiment=experiment)
+    jax.eval_shape(train_step, state, batch, jnp.uint32(experiment.seed))
+  except ValueError as error:
+    message = ' '.join(str(error).split())
+    raise ConfigError(message if message.startswith('model.') else f'model: {message}') from None
+  state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(state))
+  memory = device_memory()
+  if memory and state_bytes > memory:
+    raise ConfigError(f'model: its parameters and optimizer state take {state_bytes / 2**30:.1f} GiB, more than the '
+                      f'{memory / 2**30:.1f} GiB of one device (a position table or a setting too large?); valid: a '
+                      f'model that fits')
+
+
+def device_memory() -> int:
+  """Bytes one device holds: what the accelerator reports, or the host's physical memory on a CPU; 0 if unknown."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if stats.get('bytes_limit'):
+    return int(stats['bytes_limit'])
+  try:
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  except (ValueError, OSError, AttributeError):
+    return 0
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  directory = os.path.join(workdir, 'checkpoints')
+  return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
+def check_init_from(experiment: Experiment, workdir: str) -> None:
+  """ConfigError unless train.init_from can start this run: empty; or a training run whose newest
+  checkpoint is intact, has this run's parameter shapes and, when this run already recorded where it
+  started (init_from.json) but has no checkpoint of its own yet, is still the step it recorded. A run
+  that has checkpoints of its own resumes from them and reads no source. Reads, writes nothing."""
+  source = experiment.train.init_from
+  if not source or _has_checkpoint(workdir):
+    return
+  prefix = f'train.init_from: got {source!r}'
+  if not os.path.isdir(os.path.join(source, 'checkpoints')):
+    raise ConfigError(f'{prefix}, which has no checkpoints directory; valid: the --workdir of a training run, or '
+                      f'empty for a fresh initialisation')
+  try:
+    _, _, params, step = checkpoints.load_run_with_step(source)
+  except Exception as error:  # pylint: disable=broad-except
+    reason = ' '.join(str(error).split())[:300] or type(error).__name__
+    raise ConfigError(f'{prefix}, which cannot be read: {reason}') from None
+  record_path = os.path.join(workdir, checkpoints.INIT_FROM_FILE)
+  if os.path.exists(record_path):
+    with open(record_path) as file:
+      recorded = json.load(file)
+    if recorded['workdir'] != os.path.abspath(source) or recorded['step'] != step:
+      raise ConfigError(f'{prefix}, now at step {step}, but {workdir} started from step {recorded["step"]} of '
+                        f'{recorded["workdir"]} ({record_path}); valid: that source at that step, or a new --workdir')
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  wanted = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task)).params
+  try:
+    checkpoints.check_shapes({'params': params}, {'params': wanted}, step, os.path.join(source, 'checkpoints'))
+  except checkpoints.CheckpointMismatch as error:
+    raise ConfigError(f'{prefix}: {" ".join(str(error).split())}') from None
