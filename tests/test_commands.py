@@ -13,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 
+import transformer
 from experiments import rank
 from experiments.runs import checkpoints, long_context, preflight, run_record, settings, trainer
 from experiments.runs.metrics import read_metrics, without_wall_clock
+from experiments.shared import cli
 from experiments.sweeps import ranking
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 
@@ -92,9 +94,28 @@ def test_the_train_command_refuses_a_core_before_it_writes_and_the_corrected_com
   assert code == 0, lines[-3:]
 
 
-def test_values_that_cannot_train_are_refused():
-  with pytest.raises(settings.ConfigError, match='position.fire_threshold: got 1e.308'):
-    smoke_experiment(**{'model.position.kind': 'fire', 'model.position.fire_threshold': 1e308})
+@pytest.mark.parametrize('overrides, expected', [
+    ({'model.position.kind': 'fire', 'model.position.fire_threshold': 1e308}, 'position.fire_threshold: got 1e+308'),
+    ({'model.position.kind': 'none', 'model.position.temperature_scale': 1e308},  # inf in float32
+     'model.position.temperature_scale: got 1e+308; valid: a number float32 holds'),
+    ({'model.position.kind': 'xpos', 'model.position.xpos_scale_base': 1e-308},  # 0 in float32
+     'model.position.xpos_scale_base: got 1e-308; valid: a number float32 holds'),
+    ({'model.position.kind': 'xpos', 'model.position.xpos_scale_base': 0.1},  # zeta^(n / gamma) leaves float32
+     'position.xpos_scale_base: got 0.1; valid: at least 1 for positions up to 25'),
+    ({'model.position.kind': 'layer_pattern', 'model.position.layer_pattern': 'rope,xpos',
+      'model.position.xpos_scale_base': 0.1}, 'position.xpos_scale_base: got 0.1'),
+], ids=['fire-threshold', 'temperature-inf', 'xpos-zero', 'xpos-scale', 'xpos-in-a-pattern'])
+def test_values_that_cannot_train_are_refused(overrides, expected):
+  """Each of these, accepted before, turned the loss NaN within 4 steps."""
+  with pytest.raises(settings.ConfigError, match=re.escape(expected)):
+    smoke_experiment(**overrides)
+
+
+def test_xpos_refuses_positions_beyond_its_float32_range():
+  settings_ = transformer.PositionConfig('xpos').settings
+  settings_.check_positions(55 * 512)
+  with pytest.raises(ValueError, match='xpos_scale_base: got 512.0; valid: at least 1192'):
+    settings_.check_positions(65535)
 
 
 # train.init_from: every way the source can fail is a configuration error, before the run exists.
@@ -194,6 +215,19 @@ def test_a_bad_flag_is_one_line_and_writes_nothing(rope_run, arguments, expected
   code, _, lines = command(*[a.format(rope=rope_run) for a in arguments], cwd=tmp_path)
   assert code == 2 and len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], lines
   assert tree(rope_run) == before and not os.listdir(tmp_path)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_and_the_probe_leaves_nothing(tmp_path):
+  with pytest.raises(cli.CommandError, match='valid: a file in an existing directory'):
+    cli.check_output_path('--output', str(tmp_path / 'missing' / 'x.json'))
+  if os.path.isdir('/proc'):  # writable by permission bits for root, yet no file can be made there
+    with pytest.raises(cli.CommandError, match='valid: a path under a writable directory'):
+      cli.check_output_path('--output', '/proc/ranking.md')
+  with pytest.raises(cli.CommandError, match='which is a directory'):
+    cli.check_output_path('--output', str(tmp_path))
+  cli.check_output_path('--output', str(tmp_path / 'x.json'))
+  cli.check_output_path('--output', str(tmp_path / 'a' / 'b'), directory=True)
+  assert not os.listdir(tmp_path)
 
 
 # Results files: a torn tail is dropped with a warning, never a reason to fail.

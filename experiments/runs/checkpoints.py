@@ -32,7 +32,12 @@ INIT_FROM_FILE = 'init_from.json'
 
 
 class CheckpointMismatch(ValueError):
-  """The checkpoint on disk was written by a config with other shapes."""
+  """The checkpoint on disk was written by a config with other shapes. `difference` names the first
+  parameter that differs and its shape there and here."""
+
+  def __init__(self, message: str, difference: str = ''):
+    super().__init__(message)
+    self.difference = difference
 
 
 def _ignore_closed_event_loop() -> None:
@@ -180,10 +185,10 @@ def check_shapes(restored, template, step: int, directory: str) -> None:
             for path, leaf in jax.tree_util.tree_flatten_with_path(template)[0]}
   for name in sorted(set(found) | set(wanted), key=lambda n: (not n.startswith("['params']"), n)):
     if found.get(name) != wanted.get(name):
+      difference = f'{name} has shape {found.get(name, "(absent)")} there and {wanted.get(name, "(absent)")} here'
       raise CheckpointMismatch(
-          f'checkpoint at step {step} in {directory} does not match this config: {name} has shape '
-          f'{found.get(name, "(absent)")} there and {wanted.get(name, "(absent)")} here; use a new --workdir '
-          f'or the config that wrote it (the checkpoint was left untouched)')
+          f'checkpoint at step {step} in {directory} does not match this config: {difference}; use a new --workdir '
+          f'or the config that wrote it (the checkpoint was left untouched)', difference)
 
 
 def load_run(workdir: str):

@@ -215,6 +215,10 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   if request.method not in METHODS:
     raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
   config, original = extended_config(config, resolved, request)
+  try:
+    config.position.settings.check_positions(max(lengths) - 1)
+  except ValueError as error:
+    raise ValueError(f'--lengths: {max(lengths)} for this {config.position.kind} run: {error}') from None
   rows = config.position.settings.longest_sequence()
   if rows is not None and max(lengths) > rows:
     raise ValueError(f'--lengths: {max(lengths)} exceeds the {rows} positions the {config.position.kind} table of '

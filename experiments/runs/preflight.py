@@ -90,4 +90,5 @@ def check_init_from(experiment: Experiment, workdir: str) -> None:
   try:
     checkpoints.check_shapes({'params': params}, {'params': wanted}, step, os.path.join(source, 'checkpoints'))
   except checkpoints.CheckpointMismatch as error:
-    raise ConfigError(f'{prefix}: {" ".join(str(error).split())}') from None
+    raise ConfigError(f'{prefix}, whose parameters do not fit this model ({error.difference}, step {step}); '
+                      f'valid: a run of this model\'s shapes') from None

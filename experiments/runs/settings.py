@@ -11,6 +11,7 @@ import typing
 from typing import Optional
 
 import ml_collections
+import numpy as np
 
 import transformer
 from experiments.tasks import TASKS
@@ -108,6 +109,11 @@ def _position(config: ml_collections.ConfigDict) -> transformer.PositionConfig:
     hints.update(typing.get_type_hints(variant.settings))
   values = {name: _check_type(f'model.position.{name}', config[name], hints[name])
             for name in sorted(config.keys()) if name != 'kind'}
+  smallest, largest = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+  for name, value in values.items():
+    if isinstance(value, float) and value != 0 and not smallest <= abs(value) <= largest:
+      raise ConfigError(f'model.position.{name}: got {value!r}; valid: a number float32 holds (0, or a magnitude in '
+                        f'[{smallest:.3g}, {largest:.3g}]): the model computes in float32')
   return transformer.PositionConfig(kind, **transformer.VARIANTS[kind].own_settings(values))
 
 
@@ -195,6 +201,12 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     except ValueError as error:
       raise ConfigError(f'model.{error} (model.position.kind={position.kind}, {task.model_kind})') from None
   longest = max(task_object.sequence_length(n) for n in (task.max_length, *task.eval_lengths))
+  try:
+    position.settings.check_positions(max(longest, model.randomized_max_length) - 1)
+  except ValueError as error:
+    raise ConfigError(f'model.{error} (sequences of up to {longest} with task.eval_lengths={task.eval_lengths}'
+                      f'{f", randomized_max_length={model.randomized_max_length}" if model.randomized_max_length else ""})'
+                      ) from None
   if model.randomized_max_length and model.randomized_max_length < longest:
     raise ConfigError(f'model.randomized_max_length: got {model.randomized_max_length}; valid: 0 (off) or at least '
                       f'{longest}, the longest sequence of task.max_length={task.max_length} and '

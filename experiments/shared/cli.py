@@ -10,6 +10,7 @@ import difflib
 import importlib.util
 import os
 import sys
+import tempfile
 from typing import NoReturn, Optional
 
 from absl import app, flags, logging
@@ -33,17 +34,25 @@ def fail(message: str) -> NoReturn:
 
 
 def check_output_path(flag: str, path: str, directory: bool = False) -> None:
-  """CommandError unless `path` can be written (a file, or a directory when `directory`): its nearest existing
-  ancestor is a writable directory and the path itself is not of the other kind. Creates nothing."""
+  """CommandError unless `path` can be written: a file whose directory exists and takes a new file (probed with
+  a temporary file, removed at once: permissions alone do not say, for root or on /proc), or a directory that
+  exists or can be made under a writable one. Leaves nothing behind."""
   absolute = os.path.abspath(path)
   if os.path.exists(absolute) and os.path.isdir(absolute) != directory:
     raise CommandError(f'{flag}: got {path!r}, which is a {"file" if directory else "directory"}; valid: a '
                        f'{"directory" if directory else "file"} path')
-  existing = os.path.dirname(absolute) if not directory else absolute
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-    raise CommandError(f'{flag}: got {path!r}; valid: a path under a writable directory ({existing} is not one)')
+  parent = absolute if directory else os.path.dirname(absolute)
+  if directory:
+    while not os.path.exists(parent):
+      parent = os.path.dirname(parent)
+  elif not os.path.isdir(parent):
+    raise CommandError(f'{flag}: got {path!r}; valid: a file in an existing directory ({parent} is not one)')
+  try:
+    with tempfile.TemporaryFile(dir=parent):
+      pass
+  except OSError as error:
+    raise CommandError(f'{flag}: got {path!r}; valid: a path under a writable directory ({parent}: '
+                       f'{error.strerror or error})') from None
 
 
 def load_config_file(argument: str):

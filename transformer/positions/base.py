@@ -79,6 +79,11 @@ class Settings:
     """The longest sequence the variant can represent; None: any length (it extrapolates)."""
     return None
 
+  def check_positions(self, largest: int) -> None:
+    """Raise ValueError (require) when positions 0 .. largest take the variant's float32 arithmetic out of
+    range (xPos's scales); by default they never do."""
+    del largest
+
   def shift_invariant_claim(self) -> Optional[bool]:
     """The claim of shift invariance when it depends on the settings (a pattern of variants by layer);
     None: the variant's own (Variant.shift_invariant)."""

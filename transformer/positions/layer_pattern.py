@@ -61,6 +61,10 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
     limits = [self.part(kind).longest_sequence() for kind in self.distinct()]
     return min((limit for limit in limits if limit is not None), default=None)
 
+  def check_positions(self, largest):
+    for kind in self.distinct():
+      self.part(kind).check_positions(largest)
+
   def shift_invariant_claim(self) -> bool:
     return all(parts[kind].shift_invariant for kind in self.distinct())
 
@@ -71,6 +75,7 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
   settings = dataclasses.make_dataclass(
       'LayerPatternSettings', fields, bases=(Settings,), frozen=True,
       namespace=dict(kinds=kinds, part=part, distinct=distinct, check=check, check_attention=check_attention,
+                     check_positions=check_positions,
                      longest_sequence=longest_sequence, shift_invariant_claim=shift_invariant_claim,
                      shift_invariant_below=shift_invariant_below))
 

@@ -14,6 +14,7 @@ Causal only: for keys after the query (n < m) the factor grows instead of decayi
 """
 
 import dataclasses
+import math
 
 import chex
 import jax.numpy as jnp
@@ -21,6 +22,9 @@ import jax.numpy as jnp
 from transformer.positions.base import StackPositions, Variant, require
 from transformer.positions.extension import ExtensionSettings
 from transformer.positions.rope import RotaryLayer, rope_frequencies
+
+ZETA_MIN = 0.4 / 1.4  # zeta_0, the fastest decay
+MAX_EXPONENT = 55  # |n - c| / gamma at most this: (1 / zeta_0)^55 = 1e30, room below float32's 3e38 for q . k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +37,13 @@ class XposSettings(ExtensionSettings):
     super().check()
     require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
     require(self.xpos_scale_base > 0, 'position.xpos_scale_base', self.xpos_scale_base, 'a positive number')
+
+  def check_positions(self, largest):
+    reach = max(abs(largest - self.xpos_center), abs(self.xpos_center))
+    require(reach / self.xpos_scale_base <= MAX_EXPONENT, 'position.xpos_scale_base', self.xpos_scale_base,
+            f'at least {math.ceil(reach / MAX_EXPONENT)} for positions up to {largest} with xpos_center='
+            f'{self.xpos_center}: the scales zeta^(+-(n - c) / gamma) reach {1 / ZETA_MIN:.2f}^{MAX_EXPONENT} = '
+            f'{(1 / ZETA_MIN) ** MAX_EXPONENT:.0e} at (n - c) / gamma = {MAX_EXPONENT}, and float32 ends at 3e38')
 
   def check_attention(self, num_heads, head_dim, causal):
     require(head_dim % 2 == 0, 'model_dim', num_heads * head_dim,
