@@ -1,5 +1,5 @@
 """Intervals over seeds and paired comparisons (experiments/sweeps/statistics.py), against published
-t-table values, closed forms, scipy.stats, a coverage simulation, and hand-computed sweeps."""
+t-table values, scipy.stats's interval and paired t-test, a coverage simulation, and hand-computed sweeps."""
 
 import json
 import math
@@ -15,16 +15,11 @@ T_975 = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 5: 2.5705818, 
 
 
 @pytest.mark.parametrize('degrees', sorted(T_975))
-def test_t_quantiles_match_the_table(degrees):
-  assert statistics.student_t_quantile(0.975, degrees) == pytest.approx(T_975[degrees], abs=1e-6)
-  assert statistics.student_t_quantile(0.025, degrees) == pytest.approx(-T_975[degrees], abs=1e-6)
-
-
-def test_t_cdf_matches_closed_forms():
-  for t in (-3.0, -0.5, 0.0, 0.7, 2.0, 10.0):
-    assert statistics.student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)  # Cauchy
-    assert statistics.student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
-  assert statistics.student_t_cdf(1.96, 10**6) == pytest.approx(0.5 * (1 + math.erf(1.96 / math.sqrt(2))), abs=1e-5)
+def test_the_half_width_is_the_tables_t_times_the_standard_error(degrees):
+  values = [0.1 * (i % 3) + 0.01 * i for i in range(degrees + 1)]
+  mean = sum(values) / len(values)
+  standard_error = math.sqrt(sum((v - mean) ** 2 for v in values) / degrees / len(values))
+  assert statistics.mean_interval(values)[1] == pytest.approx(T_975[degrees] * standard_error, rel=1e-6)
 
 
 def test_the_interval_covers_the_true_mean_95_percent_of_the_time():
@@ -93,15 +88,6 @@ def test_the_interval_matches_scipys_student_t_interval(name, confidence):
   mean, half_width = statistics.mean_interval(values, confidence)
   assert mean == pytest.approx((low + high) / 2, abs=1e-12)
   assert half_width == pytest.approx((high - low) / 2, rel=1e-9)
-
-
-@pytest.mark.parametrize('degrees', [1, 2, 3, 7, 29, 250])
-def test_t_cdf_and_quantile_match_scipy(degrees):
-  for t in (-6.0, -1.3, 0.0, 0.4, 2.1, 9.0):
-    assert statistics.student_t_cdf(t, degrees) == pytest.approx(scipy_stats.t.cdf(t, degrees), abs=1e-12)
-  for probability in (0.005, 0.05, 0.5, 0.95, 0.975, 0.995):
-    assert statistics.student_t_quantile(probability, degrees) == pytest.approx(
-        scipy_stats.t.ppf(probability, degrees), rel=1e-9, abs=1e-12)
 
 
 def test_a_paired_difference_matches_scipys_paired_t_test():
