@@ -84,7 +84,7 @@ def may_use_cudnn(needs: CallNeeds) -> bool:
 
 
 def choose(requested: str, needs: CallNeeds) -> str:
-  """The core for one call: 'explicit', 'blockwise', 'xla' or 'cudnn'."""
+  """The core for one call: 'explicit', 'blockwise', 'xla', 'cudnn' or 'pallas'."""
   if requested not in IMPLEMENTATIONS:
     raise ValueError(f'model.attention_implementation: got {requested!r}; valid: {", ".join(IMPLEMENTATIONS)}')
   if requested != 'auto':
