@@ -52,8 +52,6 @@ def main(argv):
   try:
     if not _WORKDIR.value:
       raise ValueError('--workdir: missing; valid: a training run directory of an algorithmic task')
-    if _EXAMPLES.value < 1:
-      raise ValueError(f'--examples: got {_EXAMPLES.value}; valid: a positive number of examples per size')
     config, task = checkpoints.run_model(_WORKDIR.value)
     if not isinstance(task, AlgorithmicTask) or not all(task.scored(1)):
       raise ValueError(f'--workdir: task {task.settings.name!r} cannot be decoded greedily; valid: an algorithmic '
