@@ -247,7 +247,9 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
     if differing:
       found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
       raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
-    _read_results(os.path.join(directory, 'results.jsonl'))  # damage before the end is refused here, not later
+    results_path = os.path.join(directory, 'results.jsonl')
+    if os.path.exists(results_path):
+      whole_lines(results_path)  # damage before the end is refused here, not later; a torn tail is cut when run
   return Evaluation(workdir=workdir, lengths=tuple(lengths), request=request, config=config, task=task, step=step,
                     directory=directory, description=description, exists=exists)
 
