@@ -1,6 +1,10 @@
 """The choice of attention core (transformer/attention_core.py): the rules for 'auto', explicit choices
 taken or refused naming the field, and the cores giving the explicit softmax's outputs in a model."""
 
+import dataclasses
+import itertools
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -34,6 +38,34 @@ def _needs(backend='cpu', dtype='float32', caller_weights=False, values_term=Fal
 ])
 def test_auto_picks_by_backend_dtype_and_what_the_call_needs(needs, expected):
   assert attention_core.choose('auto', needs) == expected
+
+
+def _every_call():
+  """Every combination of what a call may need, on each backend and dtype."""
+  flags = [field.name for field in dataclasses.fields(attention_core.CallNeeds) if field.type in (bool, 'bool')]
+  for backend, dtype in itertools.product(('cpu', 'gpu', 'tpu'), ('float32', 'bfloat16', 'float16')):
+    for values in itertools.product((False, True), repeat=len(flags)):
+      yield attention_core.CallNeeds(backend=backend, dtype=dtype, **dict(zip(flags, values)))
+
+
+def test_the_docstring_table_lists_autos_rules_in_the_order_the_code_tries_them():
+  table = re.findall(r'^  \| (\w+) +\|', attention_core.__doc__, flags=re.MULTILINE)
+  assert table[0] == 'core'
+  assert table[1:] == [core for core, _ in attention_core.AUTO_RULES]
+
+
+def test_auto_picks_the_first_rule_that_holds_and_only_a_core_that_can_run():
+  """Over every combination of backend, dtype and the call's needs (324 calls): auto's choice is a core
+  that an explicit request for it would take, never pallas, and no earlier rule held."""
+  calls = list(_every_call())
+  assert len(calls) == 3 * 3 * 2 ** 7
+  for needs in calls:
+    core = attention_core.choose('auto', needs)
+    assert core != 'pallas'
+    assert attention_core.choose(core, needs) == core, needs
+    earlier = [name for name, holds in attention_core.AUTO_RULES[:[n for n, _ in attention_core.AUTO_RULES].index(core)]
+               if holds(needs)]
+    assert not earlier, (needs, core, earlier)
 
 
 @pytest.mark.parametrize('requested, needs', [

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import transformer as T
-from transformer import attention
+from transformer import attention_core
 from transformer.blockwise import blockwise_attention
 from tests.helpers import bidirectional, init, random_positions, tiny, tokens
 
@@ -117,8 +117,8 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   with [CLS] (TUPE's reset falls in the first block) and the aligned encoder-decoder, both through
   the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path."""
   calls = []
-  original = attention.blockwise_attention
-  monkeypatch.setattr(attention, 'blockwise_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
+  original = attention_core.blockwise_attention
+  monkeypatch.setattr(attention_core, 'blockwise_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
   length = 7
   decoder_args = (tokens(2, length),)
   one_layer = dict(num_encoder_layers=1, num_decoder_layers=1)
@@ -172,8 +172,8 @@ def test_shaws_causal_band_gives_the_outputs_and_gradients_of_the_whole_term(cli
   k back, k below, at and above the block size; the keys before the band in one block or in blocks
   of 2), against the one-softmax layer with the whole terms, padding included."""
   bands = []
-  original = attention.blockwise_attention
-  monkeypatch.setattr(attention, 'blockwise_attention', lambda *a, **k: bands.append(k['band']) or original(*a, **k))
+  original = attention_core.blockwise_attention
+  monkeypatch.setattr(attention_core, 'blockwise_attention', lambda *a, **k: bands.append(k['band']) or original(*a, **k))
   length = 11
   args = (tokens(2, length),)
   valid = jnp.arange(length)[None] < jnp.array([[length], [8]])

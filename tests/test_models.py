@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import transformer as T
-from transformer import attention
+from transformer import attention_core
 from tests.helpers import assert_causal, bidirectional, init, random_positions, tiny, tokens
 
 L = 6
@@ -211,9 +211,9 @@ def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch
   through jax.nn.dot_product_attention (except Shaw, whose values term needs the weights); the
   outputs must not change."""
   calls = []
-  monkeypatch.setattr(attention, 'current_backend', lambda: 'gpu')  # float32: XLA's fused attention, not cuDNN
-  original = attention.fused_attention
-  monkeypatch.setattr(attention, 'fused_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
+  monkeypatch.setattr(attention_core, 'current_backend', lambda: 'gpu')  # float32: XLA's fused attention, not cuDNN
+  original = attention_core.fused_attention
+  monkeypatch.setattr(attention_core, 'fused_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
   shaw = kind == 'shaw'
   # (model, inputs, attention layers that may fuse): 2 layers per stack; cross-attention without
   # alignment carries no position hooks, so it fuses even for Shaw.

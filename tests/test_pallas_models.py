@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import transformer as T
-from transformer import attention
+from transformer import attention_core
 from tests.helpers import init, random_positions, tiny, tokens
 
 FAST = ('alibi', 't5', 'rope')  # the fast tier's; the others under -m slow
@@ -98,7 +98,7 @@ LENGTH, HEADS = 256, 4
 
 def _lowered_train_step(kind: str, backend: str, platform: str, monkeypatch) -> str:
   """The StableHLO of one decoder training step (loss, gradients, an Adam update) lowered for platform."""
-  monkeypatch.setattr(attention, 'current_backend', lambda: backend)
+  monkeypatch.setattr(attention_core, 'current_backend', lambda: backend)
   config = tiny(kind, attention_implementation='pallas', num_heads=HEADS, model_dim=128, attention_block_size=64,
                 compute_dtype='bfloat16', vocab_size=64)
   model = T.DecoderOnly(config)
@@ -137,7 +137,7 @@ def test_the_training_step_lowers_with_the_kernels_and_no_full_position_term(kin
 def test_the_lowering_check_finds_a_full_position_term_where_there_is_one(monkeypatch):
   """The same check on the XLA core, which broadcasts T5's bias to B x H x L x L, finds it: the assertion
   above can fail."""
-  monkeypatch.setattr(attention, 'current_backend', lambda: 'gpu')
+  monkeypatch.setattr(attention_core, 'current_backend', lambda: 'gpu')
   model = T.DecoderOnly(tiny('t5', attention_implementation='xla', num_heads=HEADS))
   inputs = jnp.zeros((2, LENGTH), jnp.int32)
   params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), inputs))

@@ -42,8 +42,7 @@ class OneAttention(nn.Module):
     shared = stack.shared(positions, positions)
     mask = T.causal_mask(x_BxLxD.shape[1]) if self.causal else None
     return T.MultiHeadAttention(self.config.num_heads, name='attention')(
-        x_BxLxD, x_BxLxD, mask=mask, positions=layer, q_positions_BxLq=positions, k_positions_BxLk=positions,
-        shared=shared)
+        x_BxLxD, x_BxLxD, mask=mask, positions=T.AttentionPositions(layer, positions, positions, shared))
 
 
 SMALL_SETTINGS = dict(max_length=64, clip_distance=2, num_buckets=8, max_distance=6,  # where a variant has them

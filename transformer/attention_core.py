@@ -1,4 +1,7 @@
-"""Which attention core runs a self- or cross-attention call: the one place that decides.
+"""The attention cores, and the one place that decides which runs a self- or cross-attention call.
+
+Every core takes an AttentionRequest (attention_request.py) and the layer's CoreSettings, and returns
+an AttentionResult:
 
   explicit   softmax(Q K^T scale + term) V with the weights formed (scaled_dot_product_attention): runs
              everywhere and serves everything (a values term, attention dropout, collected weights).
@@ -15,15 +18,33 @@
              Mosaic on TPUs, Pallas' interpreter elsewhere (slow: for tests). The mask must be the
              causal mask and the keys' padding, given as such (not a cached decoding step's).
 
-'auto' (model.attention_implementation's default) picks, given what the call needs: cudnn on a GPU in
-half precision where nothing rules it out; else blocks where they pay (causal attention, or key blocks,
-longer than a block); else xla on a GPU where no weights are needed; else explicit. pallas runs where
-asked for (docs/architecture.md says why auto leaves it). Any other choice is
+'auto' (model.attention_implementation's default) takes the first row of this table that holds for the
+call (AUTO_RULES, in the same order; tests/test_attention_core.py reads this table):
+
+  | core      | when                                                                           |
+  |-----------|--------------------------------------------------------------------------------|
+  | cudnn     | a GPU, half precision, no weights read, no values or logits term               |
+  | blockwise | blocks configured and paying (causal or key blocks, longer than a block), no   |
+  |           | weights read by the caller                                                     |
+  | xla       | a GPU, no weights read, no values term                                         |
+  | explicit  | always                                                                         |
+
+pallas runs only where asked for (docs/architecture.md says why auto leaves it). Any other choice is
 taken as asked, or refused with a ValueError naming model.attention_implementation, what rules it out
 and what would run.
 """
 
 import dataclasses
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from transformer.attention import fused_attention, scaled_dot_product_attention
+from transformer.attention_request import AttentionRequest, AttentionResult, CoreSettings
+from transformer.blockwise import blockwise_attention, shared_by_query_block
+from transformer.flash_attention import flash_attention
+from transformer.positions.relative import contiguous_offset
 
 IMPLEMENTATIONS = ('auto', 'explicit', 'blockwise', 'xla', 'cudnn', 'pallas')
 HALF_PRECISION = ('bfloat16', 'float16')
@@ -48,7 +69,7 @@ def _refusal(requested: str, reason: str, needs: CallNeeds) -> ValueError:
                     f'{", ".join(choice for choice in IMPLEMENTATIONS if _runs(choice, needs) is None)}')
 
 
-def _runs(choice: str, needs: CallNeeds):
+def _runs(choice: str, needs: CallNeeds) -> Optional[str]:
   """None if the core can serve the call, else why not."""
   if choice in ('auto', 'explicit'):
     return None
@@ -77,6 +98,15 @@ def _runs(choice: str, needs: CallNeeds):
   return None
 
 
+# The rows of the module docstring's table, in its order: the first that holds is auto's choice.
+AUTO_RULES: tuple[tuple[str, Callable[[CallNeeds], bool]], ...] = (
+    ('cudnn', lambda needs: needs.backend == 'gpu' and _runs('cudnn', needs) is None),
+    ('blockwise', lambda needs: needs.blocks_configured and needs.blocks_pay and not needs.caller_weights),
+    ('xla', lambda needs: needs.backend == 'gpu' and not (needs.caller_weights or needs.values_term)),
+    ('explicit', lambda needs: True),
+)
+
+
 def may_use_cudnn(needs: CallNeeds) -> bool:
   """Whether cuDNN could serve the call but for a position term (which the caller then computes to decide)."""
   return (needs.backend == 'gpu' and needs.dtype in HALF_PRECISION and not needs.caller_weights
@@ -92,10 +122,124 @@ def choose(requested: str, needs: CallNeeds) -> str:
     if reason is not None:
       raise _refusal(requested, reason, needs)
     return requested
-  if needs.backend == 'gpu' and _runs('cudnn', needs) is None:
-    return 'cudnn'
-  if needs.blocks_configured and needs.blocks_pay and not needs.caller_weights:
-    return 'blockwise'
-  if needs.backend == 'gpu' and not (needs.caller_weights or needs.values_term):
-    return 'xla'
-  return 'explicit'
+  return next(core for core, holds in AUTO_RULES if holds(needs))
+
+
+def call_needs(request: AttentionRequest, settings: CoreSettings) -> CallNeeds:
+  """What this call needs, before anyone has computed its logits term (position_term False)."""
+  query, key, hooks = request.query_BxLqxHxK, request.key_BxLkxHxK, request.positions
+  return CallNeeds(
+      backend=settings.backend, dtype=jnp.dtype(query.dtype).name,
+      caller_weights=settings.dropout_rng is not None or settings.collect_weights,
+      values_term=hooks is not None and hooks.hooks.needs_weights(), position_term=False,
+      blocks_configured=settings.block_size > 0,
+      # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
+      # bidirectional attention in query blocks alone only recomputes.
+      blocks_pay=(request.mask.causal or settings.key_block_size > 0)
+      and max(query.shape[1], key.shape[1]) > settings.block_size,
+      kernel_serves=hooks is None or hooks.hooks.kernel_serves(),
+      mask_in_parts=request.mask.given_as_parts)
+
+
+def explicit(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
+  """softmax with the weights formed: attention dropout, the values term, weights handed back."""
+  output, weights = scaled_dot_product_attention(
+      request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, mask=request.mask.mask,
+      bias=request.logits_term, scale=request.scale, return_weights=True, dropout_rate=settings.dropout_rate,
+      dropout_rng=settings.dropout_rng, deterministic=settings.dropout_rng is None)
+  values_term = request.values_term(weights)
+  if values_term is not None:
+    output = output + values_term.astype(output.dtype)
+  return AttentionResult(output, weights)
+
+
+def _fused(implementation: str):
+  def core(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
+    del settings
+    mask = request.mask
+    return AttentionResult(fused_attention(
+        request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, mask=mask.mask, bias=request.logits_term,
+        scale=request.scale, implementation=implementation,
+        mask_parts=(mask.causal, mask.key_valid_BxLk) if mask.in_parts else None))
+  core.__doc__ = f'jax.nn.dot_product_attention(implementation={implementation!r}), the mask as its parts.'
+  return core
+
+
+def pallas(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
+  """The Pallas kernel, the variant's kernel_term computed inside it (flash_attention.py)."""
+  mask, positions = request.mask, request.positions
+  return AttentionResult(flash_attention(
+      request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV,
+      causal=mask.causal and mask.in_parts, key_valid_BxLk=mask.key_valid_BxLk if mask.in_parts else None,
+      q_positions_BxLq=None if positions is None else positions.q_positions_BxLq,
+      k_positions_BxLk=None if positions is None else positions.k_positions_BxLk,
+      term=None if positions is None else positions.hooks.kernel_term(positions.kernel_shared),
+      scale=request.scale, block_q=settings.block_size or 128,
+      block_k=settings.key_block_size or settings.block_size or 128,
+      platform=kernel_platform(settings.backend)))
+
+
+def _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk) -> bool:
+  """Whether queries and keys are the same run of positions, known while tracing."""
+  consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
+  return consecutive is True and offset == 0
+
+
+def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
+  """Blocks of queries (and keys), position terms per block: on the band next to each query block only
+  where the variant's terms vanish beyond one (Shaw's causal band), never for the whole call."""
+  query, key, value, positions = request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, request.positions
+  causal = request.mask.causal
+  logits_term = values_term = band = None
+  if positions is not None:
+    hooks, q_positions_BxLq, k_positions_BxLk = positions.hooks, positions.q_positions_BxLq, positions.k_positions_BxLk
+    causal_band = hooks.causal_band() if causal else None
+    if causal_band is not None and _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk):
+      # Terms on the band next to each query block only; the keys before it go in without any.
+      band = causal_band.width
+      value = value + causal_band.value_offset().astype(value.dtype)
+
+      def logits_term(query_block, q_slice, k_slice):
+        return causal_band.logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice],
+                                  request.scale)
+
+      def values_term(weights_block, q_slice, k_slice):
+        return causal_band.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
+    else:
+      shared_block = shared_by_query_block(positions.shared, query.shape[1], settings.block_size)
+
+      def logits_term(query_block, q_slice, k_slice):
+        return hooks.logits(query_block, key[:, k_slice], q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice],
+                            shared_block(q_slice, k_slice), request.scale)
+
+      def values_term(weights_block, q_slice, k_slice):
+        return hooks.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
+  all_keys_at_once = positions is not None and positions.hooks.needs_all_keys()
+  return AttentionResult(blockwise_attention(
+      query, key, value, block_size=settings.block_size, mask=request.mask.mask, scale=request.scale,
+      skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
+      key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band))
+
+
+# One signature: core(request, settings) -> AttentionResult.
+CORES = {'explicit': explicit, 'blockwise': blockwise, 'xla': _fused('xla'), 'cudnn': _fused('cudnn'),
+         'pallas': pallas}
+
+
+def attend(requested: str, request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
+  """The call through the core `choose` picks for it. The whole-call logits term is computed only
+  where a core adds it, or where it alone decides between cuDNN and another core."""
+  needs = call_needs(request, settings)
+  if may_use_cudnn(needs) and requested != 'pallas':
+    needs = dataclasses.replace(needs, position_term=request.logits_term is not None)
+  return CORES[choose(requested, needs)](request, settings)
+
+
+def current_backend() -> str:
+  """jax.default_backend(): the backend choose reads ('cpu', 'gpu', 'tpu')."""
+  return jax.default_backend()
+
+
+def kernel_platform(backend: str) -> str:
+  """flash_attention's platform on a backend: compiled on GPUs and TPUs, interpreted elsewhere."""
+  return backend if backend in ('gpu', 'tpu') else 'interpret'

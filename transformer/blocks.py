@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.attention import MultiHeadAttention
+from transformer.attention_request import AttentionMask, AttentionPositions
 from transformer.config import ModelConfig
 from transformer.layers import Dropout, FeedForward, LayerNorm
 from transformer.masks import causal_mask, cross_attention_mask, self_attention_mask
+from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
 from transformer.positions.randomized import randomized_positions
 
@@ -58,7 +59,7 @@ class TransformerLayer(nn.Module):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
     valid_BxL, memory_valid_BxLs: the padding the masks were built from, which a kernel takes as such
-    (MultiHeadAttention's mask_parts); kernel_shared: the stack's, for the kernel's position terms.
+    (AttentionMask's parts); kernel_shared: the stack's, for the kernel's position terms.
     key_positions_1xT: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
     MultiHeadAttention's."""
@@ -72,25 +73,29 @@ class TransformerLayer(nn.Module):
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, config.attention_implementation,
                                         name='self_attention')
+    self_positions = AttentionPositions(hooks, positions_1xL, key_positions_1xT, shared, kernel_shared)
+    # A cached step's mask is explicit (its keys are the cache's slots), not the causal mask and padding.
+    self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
+                                        key_valid_BxLk=valid_BxL if cache_index is None else None)
     x_BxLxD = _Residual(config, name='self_attention_residual')(
-        x_BxLxD, lambda y: self_attention(y, y, mask=self_mask, positions=hooks, q_positions_BxLq=positions_1xL,
-                                          k_positions_BxLk=key_positions_1xT, shared=shared,
-                                          causal=causal, deterministic=deterministic, **cache,
-                                          mask_parts=(causal, valid_BxL) if cache_index is None else None,
-                                          kernel_shared=kernel_shared), deterministic)
+        x_BxLxD, lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
+                                          deterministic=deterministic, **cache), deterministic)
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                  config.attention_key_block_size, config.attention_implementation,
                                  name='cross_attention')
-      cross_hooks = config.position.variant.layer(
-          **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
-          name='cross_position') if config.aligned_cross_attention else None
+      cross_positions = None
+      if config.aligned_cross_attention:
+        cross_hooks = config.position.variant.layer(
+            **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
+            name='cross_position')
+        cross_positions = AttentionPositions(cross_hooks, positions_1xL, key_positions_1xT, shared, kernel_shared)
+      # Aligned cross-attention's mask is causal by step and the padding: not given as parts.
+      cross_mask = AttentionMask(memory_mask, in_parts=not config.aligned_cross_attention,
+                                 key_valid_BxLk=None if config.aligned_cross_attention else memory_valid_BxLs)
       x_BxLxD = _Residual(config, name='cross_attention_residual')(
-          x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=memory_mask, positions=cross_hooks,
-                                   q_positions_BxLq=positions_1xL, k_positions_BxLk=key_positions_1xT,
-                                   shared=shared, deterministic=deterministic, **cache,
-                                   mask_parts=None if config.aligned_cross_attention else (False, memory_valid_BxLs),
-                                   kernel_shared=kernel_shared),
+          x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=cross_mask, positions=cross_positions,
+                                   deterministic=deterministic, **cache),
           deterministic)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
                                name='feed_forward')

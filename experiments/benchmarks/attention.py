@@ -29,7 +29,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from transformer import attention, blockwise, masks
+from transformer import attention, attention_core, blockwise, masks
 from transformer.flash_attention import flash_attention
 from transformer.positions import alibi, relative, shaw, t5
 from experiments.shared import cli
@@ -58,7 +58,7 @@ def _kernel(term: str, query, key, value, bias_table):
     kernel_term = alibi.alibi_kernel_term(heads, causal=True)
   elif term == 't5':
     kernel_term = t5.t5_kernel_term(bias_table, bidirectional=False, max_distance=128)
-  platform = attention.kernel_platform(jax.default_backend())
+  platform = attention_core.kernel_platform(jax.default_backend())
   return flash_attention(query, key, value, causal=True, term=kernel_term, block_q=_BLOCK.value,
                          block_k=_BLOCK.value, platform=platform)
 

@@ -1,0 +1,103 @@
+"""What one attention call asks of its core: the request every core in attention_core.CORES takes.
+
+A core computes softmax(Q K^T scale + term) V (+ a values term) for one call; the request carries
+everything it may read, and nothing about which core will run. A core that replaces the softmax takes
+the same request.
+"""
+
+import dataclasses
+import functools
+from typing import Optional
+
+import chex
+
+from transformer.positions.base import LayerPositions, Shared
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+  """Which keys each query sees.
+
+  mask: True = attend, broadcastable to B x H x Lq x Lk; None: every key.
+  causal: the mask is causal and queries and keys are the same positions, so keys after a block of
+    queries may be skipped without being computed.
+  in_parts: the mask is exactly the causal mask (if causal) and key_valid_BxLk (if given), so a core
+    may take those parts instead of the mask (is_causal and sequence lengths, or a kernel's own test).
+  key_valid_BxLk: True for real keys, False for padding; None: every key is real.
+  """
+  mask: Optional[chex.Array] = None
+  causal: bool = False
+  in_parts: bool = False
+  key_valid_BxLk: Optional[chex.Array] = None
+
+  @property
+  def given_as_parts(self) -> bool:
+    """No mask at all, or one a core may take as its parts."""
+    return self.mask is None or self.in_parts
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPositions:
+  """The layer's positional hooks and what they read in one call.
+
+  hooks: the variant's per-layer hooks (transformer/positions/base.py, LayerPositions).
+  q_positions_BxLq, k_positions_BxLk: the positions of the queries and keys (B may be 1).
+  shared: the stack's terms for every layer (TUPE's correlation, a shared T5 bias), or None.
+  kernel_shared: the stack's parameters that the layer's kernel_term reads (T5's shared table), or None.
+  """
+  hooks: LayerPositions
+  q_positions_BxLq: chex.Array
+  k_positions_BxLk: chex.Array
+  shared: Shared = None
+  kernel_shared: Shared = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreSettings:
+  """The layer's settings that a core reads: its blocks, its attention dropout, the platform."""
+  backend: str                       # jax.default_backend(): 'cpu', 'gpu', 'tpu'
+  block_size: int = 0                # queries per block (0: no blocks)
+  key_block_size: int = 0            # keys per block (0: every key a query block sees, in one block)
+  dropout_rate: float = 0.0          # attention dropout on the weights
+  dropout_rng: Optional[chex.PRNGKey] = None  # None: no attention dropout in this call
+  collect_weights: bool = False      # the caller collects the weights ('intermediates')
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionRequest:
+  """One attention call: query B x Lq x H x K, key B x Lk x H x K, value B x Lk x H x V (the layout
+  of jax.nn.dot_product_attention), the logit scale, the mask, and the positional hooks (None: no
+  position terms, as in cross-attention)."""
+  query_BxLqxHxK: chex.Array
+  key_BxLkxHxK: chex.Array
+  value_BxLkxHxV: chex.Array
+  scale: float
+  mask: AttentionMask = AttentionMask()
+  positions: Optional[AttentionPositions] = None
+
+  def __post_init__(self):
+    chex.assert_rank([self.query_BxLqxHxK, self.key_BxLkxHxK, self.value_BxLkxHxV], 4)
+    chex.assert_equal_shape_prefix([self.key_BxLkxHxK, self.value_BxLkxHxV], 3)
+
+  @functools.cached_property
+  def logits_term(self) -> Optional[chex.Array]:
+    """The variant's logits term for the whole call, broadcastable to B x H x Lq x Lk; None for none.
+    Computed on first reading, by the cores that add it for the whole call (not blocks, not a kernel)."""
+    if self.positions is None:
+      return None
+    return self.positions.hooks.logits(self.query_BxLqxHxK, self.key_BxLkxHxK, self.positions.q_positions_BxLq,
+                                       self.positions.k_positions_BxLk, self.positions.shared, self.scale)
+
+  def values_term(self, weights_BxHxLqxLk: chex.Array) -> Optional[chex.Array]:
+    """The variant's values term B x Lq x H x V for these weights; None for none."""
+    if self.positions is None:
+      return None
+    return self.positions.hooks.values(weights_BxHxLqxLk, self.positions.q_positions_BxLq,
+                                       self.positions.k_positions_BxLk)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionResult:
+  """A core's output, B x Lq x H x V, and its weights B x H x Lq x Lk where it formed them (else None)."""
+  output_BxLqxHxV: chex.Array
+  weights_BxHxLqxLk: Optional[chex.Array] = None

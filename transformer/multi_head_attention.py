@@ -1,0 +1,112 @@
+"""Multi-head attention (Vaswani et al. 2017, section 3.2.2), with the positional hooks at fixed points."""
+
+import math
+from typing import Optional, Union
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer import attention_core
+from transformer.attention import merge_heads, split_heads
+from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
+from transformer.layers import Dense, linear
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h).
+
+  The variant's hooks (positions.hooks) enter at fixed points and never by name: rotate the projected
+  queries and keys, set the scale; the core adds the logits and values terms. Which core runs the call
+  (explicit softmax, blocks, XLA's or cuDNN's fused attention, the Pallas kernel) is chosen in one
+  place, attention_core.choose, from the backend, the dtype and what the call needs, or as
+  `implementation` (model.attention_implementation) asks. The weights, where the core forms them, are
+  sown as 'intermediates/attention_weights'.
+  """
+  num_heads: int
+  dropout_rate: float = 0.0
+  block_size: int = 0       # queries per block in the blockwise core (0: none)
+  key_block_size: int = 0   # keys per block there (0: every key a query block sees)
+  implementation: str = 'auto'  # the attention core, chosen per call by attention_core.choose
+
+  @nn.compact
+  def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
+               mask: Union[AttentionMask, chex.Array, None] = None, positions: Optional[AttentionPositions] = None,
+               deterministic: bool = True, use_cache: bool = False,
+               cache_index: Optional[chex.Array] = None) -> chex.Array:
+    """mask: an AttentionMask, or a boolean array (True = attend) broadcastable to B x H x Lq x Lk.
+    positions: the layer's hooks and the positions they read; None adds no position terms.
+
+    use_cache: incremental decoding through the 'cache' collection. The first call (cache_index
+    None) stores this call's projected (and rotated) keys and values, whose length is the cache's
+    capacity; later calls pass cache_index, the position of their first query: self-attention
+    writes its new keys and values there and attends over the whole cache (the mask hides the
+    slots not yet written), cross-attention reuses the memory's keys and values stored by the
+    first call. Keys and positions are those of the cache: positions.k_positions_BxLk spans its capacity.
+    """
+    chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
+    width = inputs_q_BxLqxD.shape[-1]
+    if width % self.num_heads:
+      raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
+    if not isinstance(mask, AttentionMask):
+      mask = AttentionMask(mask)
+    is_self_attention = inputs_q_BxLqxD is inputs_kv_BxLkxD
+    cached_step = use_cache and cache_index is not None
+    query, key, value = self._project(inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention,
+                                      reads_memory_cache=cached_step and not is_self_attention)
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    if positions is not None:
+      query, key, scale = self._rotate_and_scale(query, key, positions, cached_step)
+    if use_cache:
+      key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
+    rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
+    settings = CoreSettings(attention_core.current_backend(), self.block_size, self.key_block_size,
+                            self.dropout_rate, rng, self.is_mutable_collection('intermediates'))
+    result = attention_core.attend(self.implementation, AttentionRequest(query, key, value, scale, mask, positions),
+                                   settings)
+    if result.weights_BxHxLqxLk is not None:
+      self.sow('intermediates', 'attention_weights', result.weights_BxHxLqxLk)
+    return Dense(width, name='out')(merge_heads(result.output_BxLqxHxV))
+
+  def _project(self, inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention: bool, reads_memory_cache: bool):
+    """Queries, keys and values, B x L x H x K each; keys and values None when they come from the cache
+    (cross-attention's memory, projected by the first call)."""
+    width = inputs_q_BxLqxD.shape[-1]
+    projections = [Dense(width, name=name) for name in ('query', 'key', 'value')]
+    if is_self_attention:  # one matmul of width 3D instead of three
+      kernels, biases = zip(*(projection.weights(width) for projection in projections))
+      dtype = inputs_q_BxLqxD.dtype
+      qkv_BxLx3D = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
+                          jnp.concatenate(biases).astype(dtype))
+      return tuple(split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
+    query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
+    if reads_memory_cache:
+      return query, None, None
+    return (query, split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads),
+            split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads))
+
+  @staticmethod
+  def _rotate_and_scale(query, key, positions: AttentionPositions, cached_step: bool):
+    """The variant's rotation of queries and keys, and its logit scale (default 1/sqrt(K)). In a cached
+    step the new keys sit at their queries' positions; a key None (cross-attention's memory, from the
+    cache) stays None."""
+    hooks, q_positions_BxLq = positions.hooks, positions.q_positions_BxLq
+    if cached_step:
+      query, rotated_key = hooks.rotate(query, query if key is None else key, q_positions_BxLq, q_positions_BxLq)
+      key = None if key is None else rotated_key
+    else:
+      query, key = hooks.rotate(query, key, q_positions_BxLq, positions.k_positions_BxLk)
+    scale = hooks.scale()
+    return query, key, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+
+  def _cached_keys_values(self, key, value, cache_index, is_self_attention):
+    """The cache's keys and values, B x capacity x H x K, after writing this call's at cache_index."""
+    cached_key = self.variable('cache', 'cached_key', lambda: key)
+    cached_value = self.variable('cache', 'cached_value', lambda: value)
+    if cache_index is not None and is_self_attention:
+      start = (0, cache_index, 0, 0)
+      cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype), start)
+      cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value.astype(cached_value.value.dtype),
+                                                        start)
+    return cached_key.value, cached_value.value
