@@ -55,7 +55,7 @@ def test_the_docstring_table_lists_autos_rules_in_the_order_the_code_tries_them(
 
 
 def test_auto_picks_the_first_rule_that_holds_and_only_a_core_that_can_run():
-  """Over every combination of backend, dtype and the call's needs (324 calls): auto's choice is a core
+  """Over every combination of backend, dtype and the call's needs (1152 calls): auto's choice is a core
   that an explicit request for it would take, never pallas, and no earlier rule held."""
   calls = list(_every_call())
   assert len(calls) == 3 * 3 * 2 ** 7
