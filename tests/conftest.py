@@ -1,4 +1,5 @@
-"""Test set-up, before JAX starts: 8 fake CPU devices for the parallelism tests, and one compilation cache.
+"""Test set-up, before JAX starts: 8 fake CPU devices for the parallelism tests, one compilation cache, and
+compiles without most of XLA's optimisations.
 
 Many tests compile the same training step more than once: a run and its restart, one process and two,
 a sweep and its resumption, each in a fresh process. JAX's persistent compilation cache lets the second
@@ -6,6 +7,11 @@ compile of the same program load the first one's executable from disk. The cache
 folder made once per `pytest` invocation (the xdist workers and every subprocess a test starts inherit
 the environment) and removed when that invocation ends. Executables are deterministic functions of the
 program and the compile options, so a hit gives the results a fresh compile gives.
+
+The tests' programs are tiny: compiling them takes far longer than running them. With
+JAX_DISABLE_MOST_OPTIMIZATIONS, XLA compiles at backend optimisation level 0 without LLVM's expensive passes, which
+change how fast a program runs, not what it computes; every process the tests start inherits it. Set it
+to 0 to test the optimised programs (BENCHMARKS.md has what it saves).
 """
 
 import atexit
@@ -15,6 +21,7 @@ import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 
 if 'PYTEST_XDIST_WORKER' not in os.environ and 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   _cache = tempfile.mkdtemp(prefix='jax-compilation-cache-')

@@ -136,11 +136,11 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   for a, b in zip(jax.tree_util.tree_leaves(dense_grads), jax.tree_util.tree_leaves(blocked_grads)):
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)  # float32, another summation order
   calls.clear()
-  dense_outputs = jax.jit(dense.apply)(params, *decoder_args)
+  dense_outputs = dense.apply(params, *decoder_args)
   for block_size, key_block_size in ((3, 2), (1, 0), (2, 5), (6, 1)):
     key_blocks = T.DecoderOnly(tiny(kind, attention_block_size=block_size, attention_key_block_size=key_block_size,
                                     **one_layer))
-    np.testing.assert_allclose(jax.jit(key_blocks.apply)(params, *decoder_args), dense_outputs, atol=2e-5, rtol=1e-5,
+    np.testing.assert_allclose(key_blocks.apply(params, *decoder_args), dense_outputs, atol=2e-5, rtol=1e-5,
                                err_msg=f'blocks of {block_size}, key blocks of {key_block_size}')
   assert len(calls) == 4
 
@@ -155,11 +155,11 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
     dense, blocked = make(), make(attention_block_size=3, attention_key_block_size=4)
     params = random_positions(init(dense, *args))
     calls.clear()
-    blocked_outputs = jax.jit(blocked.apply)(params, *args)
+    blocked_outputs = blocked.apply(params, *args)
     assert len(calls) == blockwise_layers, (kind, type(dense).__name__, len(calls))
-    np.testing.assert_allclose(blocked_outputs, jax.jit(dense.apply)(params, *args), atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(blocked_outputs, dense.apply(params, *args), atol=2e-5, rtol=1e-5)
   calls.clear()  # bidirectional attention without key blocks would only recompute: it stays dense
-  jax.jit(T.EncoderOnly(tiny(kind, **one_layer, attention_block_size=3)).apply)(params_encoder, *encoder_args)
+  T.EncoderOnly(tiny(kind, **one_layer, attention_block_size=3)).apply(params_encoder, *encoder_args)
   assert not calls
 
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import os
 import pathlib
 import re
@@ -49,21 +50,54 @@ def test_links_between_the_docs_point_at_files_and_headings_that_exist():
               f'{path.name} links to {target}#{anchor}, a heading {target} does not have'
 
 
-CHECK_COMMAND = '''
+CHECK_COMMANDS = '''
+import json
+import os
 import sys
-module, arguments = sys.argv[1], sys.argv[2:]
-if module == 'experiments.benchmark' and arguments and not arguments[0].startswith('-'):
-  module = 'experiments.benchmarks.' + arguments.pop(0)
+module, commands = sys.argv[1], json.loads(sys.argv[2])
 import importlib
-importlib.import_module(module)
-from experiments.shared import cli
-cli.parse_flags([module] + arguments)
+# The slow imports once; each command then parses in a fork of its own, where its module defines its flags
+# (ml_collections' config flags read their overrides from sys.argv when they are defined).
+import jax
+import flax.linen
+import orbax.checkpoint
 from absl import flags
-if 'config' in flags.FLAGS:
-  import jax
-  from experiments.runs import settings
-  settings.from_config_dict(flags.FLAGS.config, jax.device_count())
+from experiments.runs import settings
+from experiments.shared import cli
+
+
+def check(arguments):
+  sys.argv = [module] + arguments
+  importlib.import_module(module)
+  cli.parse_flags([module] + arguments)
+  if 'config' in flags.FLAGS:
+    settings.from_config_dict(flags.FLAGS.config, jax.device_count())
+
+
+failed = []
+for arguments in commands:
+  child = os.fork()
+  if child == 0:
+    try:
+      check(arguments)
+    except BaseException as error:  # cli.parse_flags exits with its one line on stderr
+      print(f'{type(error).__name__}: {error}', file=sys.stderr)
+      os._exit(1)
+    os._exit(0)
+  _, status = os.waitpid(child, 0)
+  if status != 0:
+    failed.append(' '.join(arguments))
+if failed:
+  sys.exit('failed: ' + '\\n'.join(failed))
 '''
+
+
+def _module(command: list) -> tuple:
+  """The module a documented command runs, and its arguments (the benchmark's first argument names one)."""
+  module, arguments = command[0], command[1:]
+  if module == 'experiments.benchmark' and arguments and not arguments[0].startswith('-'):
+    return 'experiments.benchmarks.' + arguments[0], arguments[1:]
+  return module, arguments
 
 
 def documented_commands() -> list:
@@ -79,15 +113,26 @@ def documented_commands() -> list:
   return found
 
 
+def documented_commands_by_module() -> dict:
+  by_module = {}
+  for command in documented_commands():
+    module, arguments = _module(command)
+    by_module.setdefault(module, []).append(arguments)
+  return by_module
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('command', documented_commands(), ids=' '.join)
-def test_every_documented_command_parses_and_its_config_validates(command):
+@pytest.mark.parametrize('module', sorted(documented_commands_by_module()))
+def test_every_documented_command_parses_and_its_config_validates(module):
   """Each command's flags exist and parse, and a training command's config (with its overrides)
-  validates, without running anything: the commands in the docs run as written."""
-  result = subprocess.run([sys.executable, '-c', CHECK_COMMAND, *command], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, JAX_PLATFORMS='cpu',
-                                                XLA_FLAGS='--xla_force_host_platform_device_count=1'))
-  assert result.returncode == 0, result.stderr[-1500:]
+  validates, without running anything: the commands in the docs run as written. One process per module,
+  its flags reset to their defaults between commands; the failures name their commands."""
+  commands = documented_commands_by_module()[module]
+  result = subprocess.run([sys.executable, '-c', CHECK_COMMANDS, module, json.dumps(commands)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, JAX_PLATFORMS='cpu',
+                                   XLA_FLAGS='--xla_force_host_platform_device_count=1'))
+  assert result.returncode == 0, f'{len(commands)} commands of {module}:\n{result.stderr[-3000:]}'
 
 
 def test_every_source_file_is_in_git():
