@@ -39,7 +39,7 @@ def run_row(config_argument: str, count: int) -> dict:
   import jax
   import transformer
   from experiments.runs import steps
-  from experiments.runs.parallel import Placement
+  from experiments.runs.parallel import placement_for
   from experiments.runs.replicas import Replicas
   from experiments.runs.settings import from_config_dict
   from experiments.tasks import TASKS
@@ -48,7 +48,7 @@ def run_row(config_argument: str, count: int) -> dict:
   replicas = Replicas(range(experiment.seed, experiment.seed + count))
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
-  placement = Placement(experiment.parallel, batch_axis=replicas.batch_axis)
+  placement = placement_for(experiment.parallel, batch_axis=replicas.batch_axis)
   host_states = [jax.device_get(steps.create_train_state(dataclasses.replace(experiment, seed=seed), model, task))
                  for seed in replicas.seeds]
   state = placement.put_state(replicas.join(host_states))

@@ -106,7 +106,7 @@ class Checkpoints:
     return os.path.join(self.digests, f'{step}.json')
 
   def save(self, step: int, host_state, covers: Optional[dict] = None) -> None:
-    """host_state: a pytree of numpy arrays (one copy, from Placement.host_state). covers: what the
+    """host_state: a pytree of numpy arrays (one copy, from the placement's host_state). covers: what the
     checkpoint covers (the metrics' coverage), already on disk; stored in its digest."""
     if step in self.manager.all_steps():
       return

@@ -42,27 +42,48 @@ def initialize_distributed(coordinator_address: Optional[str], num_processes: Op
                jax.local_device_count(), jax.device_count())
 
 
-class Placement:
-  """Moves states and batches to devices and compiles the steps for one parallel mode."""
+class _Placement:
+  """Moves states and batches to devices and compiles the steps, for one parallel mode (a subclass each)."""
 
-  def __init__(self, mode: str, devices: Optional[list] = None, batch_axis: int = 0):
+  def __init__(self, devices: Optional[list] = None, batch_axis: int = 0):
     """devices: all devices of all hosts by default; a subset (single host only) for comparisons.
     batch_axis: the axis of a global batch that holds its examples (1 when a replica axis comes first,
     experiments/runs/replicas.py); the state's leaves carry that replica axis too, and stay whole."""
-    self.mode, self.batch_axis = mode, batch_axis
-    devices = list(devices) if devices is not None else jax.devices()
-    self.num_devices = len(devices)
-    self.local_devices = [d for d in devices if d.process_index == jax.process_index()]
-    if mode == 'mesh':
-      self.mesh = Mesh(np.asarray(devices), (AXIS,))
-      self.replicated = NamedSharding(self.mesh, PartitionSpec())
-      self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), AXIS))
+    self.batch_axis = batch_axis
+    self.devices = list(devices) if devices is not None else jax.devices()
+    self.num_devices = len(self.devices)
+    self.local_devices = [d for d in self.devices if d.process_index == jax.process_index()]
 
-  # ---- batches ----
   def put_batch(self, global_batch: dict) -> dict:
-    if self.mode == 'mesh':
-      return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
-              for k, v in global_batch.items()}
+    """This host's part of a global batch (numpy), placed for the step."""
+    raise NotImplementedError
+
+  def put_state(self, host_state):
+    """A training state (numpy, one copy) placed for the step."""
+    raise NotImplementedError
+
+  def host_state(self, state):
+    """One copy on the host (numpy), for checkpoints."""
+    raise NotImplementedError
+
+  def to_host(self, metrics: dict) -> dict:
+    """Metrics are identical on every device (already reduced): read one copy."""
+    return self.host_state(metrics)
+
+  def compile_train_step(self, step_fn: Callable) -> Callable:
+    """step_fn(state, batch, seed, axis_name=...) -> (state, metrics); the state is donated, the seed
+    (experiments/runs/replicas.py) is the same on every device."""
+    raise NotImplementedError
+
+  def compile_eval_step(self, eval_fn: Callable) -> Callable:
+    """eval_fn(params, batch, axis_name=...) -> summed metrics."""
+    raise NotImplementedError
+
+
+class PmapPlacement(_Placement):
+  """pmap: the state replicated on every local device, a leading device axis on batches and states."""
+
+  def put_batch(self, global_batch: dict) -> dict:
     axis = self.batch_axis
     per_host = next(iter(global_batch.values())).shape[axis] // jax.process_count()
     start = jax.process_index() * per_host
@@ -74,12 +95,7 @@ class Placement:
       return np.moveaxis(split, axis, 0)
     return {k: local_part(v) for k, v in global_batch.items()}
 
-  # ---- states ----
   def put_state(self, host_state):
-    if self.mode == 'mesh':
-      return jax.tree_util.tree_map(
-          lambda x: jax.make_array_from_callback(np.shape(x), self.replicated, lambda index: np.asarray(x)[index]),
-          host_state)
     # pmap (jit + shard_map since JAX 0.8) returns arrays sharded over a mesh whose axis is named
     # after its axis_name; placing the state on that very sharding keeps the step traced once.
     count = len(self.local_devices)
@@ -88,29 +104,51 @@ class Placement:
                                   host_state)
 
   def host_state(self, state):
-    """One copy on the host (numpy), for checkpoints."""
-    if self.mode == 'mesh':
-      return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), state)
     return jax.tree_util.tree_map(lambda x: np.asarray(x[0]), state)
 
-  def to_host(self, metrics: dict) -> dict:
-    """Metrics are identical on every device (already reduced): read one copy."""
-    return self.host_state(metrics)
-
-  # ---- steps ----
   def compile_train_step(self, step_fn: Callable) -> Callable:
-    """step_fn(state, batch, seed, axis_name=...) -> (state, metrics); the state is donated, the seed
-    (experiments/runs/replicas.py) is the same on every device."""
-    if self.mode == 'mesh':
-      return jax.jit(functools.partial(step_fn, axis_name=None),
-                     in_shardings=(self.replicated, self.sharded, self.replicated),
-                     out_shardings=(self.replicated, self.replicated), donate_argnums=0)
     return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS, in_axes=(0, 0, None),
                     donate_argnums=0)
 
   def compile_eval_step(self, eval_fn: Callable) -> Callable:
-    """eval_fn(params, batch, axis_name=...) -> summed metrics."""
-    if self.mode == 'mesh':
-      return jax.jit(functools.partial(eval_fn, axis_name=None), in_shardings=(self.replicated, self.sharded),
-                     out_shardings=self.replicated)
     return jax.pmap(functools.partial(eval_fn, axis_name=AXIS), axis_name=AXIS)
+
+
+class MeshPlacement(_Placement):
+  """mesh: one jit-compiled program over a 1-D device mesh; batches sharded along it, the state
+  replicated; XLA inserts the collectives."""
+
+  def __init__(self, devices: Optional[list] = None, batch_axis: int = 0):
+    super().__init__(devices, batch_axis)
+    self.mesh = Mesh(np.asarray(self.devices), (AXIS,))
+    self.replicated = NamedSharding(self.mesh, PartitionSpec())
+    self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), AXIS))
+
+  def put_batch(self, global_batch: dict) -> dict:
+    return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
+            for k, v in global_batch.items()}
+
+  def put_state(self, host_state):
+    return jax.tree_util.tree_map(
+        lambda x: jax.make_array_from_callback(np.shape(x), self.replicated, lambda index: np.asarray(x)[index]),
+        host_state)
+
+  def host_state(self, state):
+    return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), state)
+
+  def compile_train_step(self, step_fn: Callable) -> Callable:
+    return jax.jit(functools.partial(step_fn, axis_name=None),
+                   in_shardings=(self.replicated, self.sharded, self.replicated),
+                   out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+
+  def compile_eval_step(self, eval_fn: Callable) -> Callable:
+    return jax.jit(functools.partial(eval_fn, axis_name=None), in_shardings=(self.replicated, self.sharded),
+                   out_shardings=self.replicated)
+
+
+PLACEMENTS = {'pmap': PmapPlacement, 'mesh': MeshPlacement}
+
+
+def placement_for(mode: str, devices: Optional[list] = None, batch_axis: int = 0) -> _Placement:
+  """The placement of a parallel mode (config.parallel: 'pmap' or 'mesh')."""
+  return PLACEMENTS[mode](devices, batch_axis)

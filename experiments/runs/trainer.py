@@ -14,7 +14,7 @@ import transformer
 from experiments.runs import steps
 from experiments.runs.evaluation import evaluate
 from experiments.runs.lifecycle import NonFiniteLoss, ReplicasOutOfStep, Runs, WorkdirBusy, WorkdirUnusable
-from experiments.runs.parallel import Placement
+from experiments.runs.parallel import placement_for
 from experiments.runs.replicas import Replicas
 from experiments.runs.settings import Experiment, evaluation_width_cap
 from experiments.shared.signals import STOP
@@ -79,7 +79,7 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
     runs.resume(lambda run_experiment: steps.create_train_state(run_experiment, model, task))
     if runs.all_finished:
       return runs.results()
-    placement = Placement(experiment.parallel, devices, batch_axis=replicas.batch_axis)
+    placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis)
     return runs.results(_train(experiment, runs, task, model, placement, replicas, wrap_train_step, stop))
 
 
@@ -114,10 +114,11 @@ def _train(experiment, runs: Runs, task, model, placement, replicas, wrap_train_
         break
       if due(train.eval_every):
         last_evaluation = evaluate_now(step)
-      if due(train.checkpoint_every) or stop.requested:
-        runs.save(step, replicas.split(placement.host_state(state)))
       if stop.requested:
-        logging.warning('%s received: saved a checkpoint at step %d; exiting', stop.requested, step)
+        logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.requested, step)
+        runs.save(step, replicas.split(placement.host_state(state)))
         break
+      if due(train.checkpoint_every):
+        runs.save(step, replicas.split(placement.host_state(state)))
   runs.finish(step, last_evaluation)
   return last_evaluation
