@@ -29,3 +29,19 @@ if 'PYTEST_XDIST_WORKER' not in os.environ and 'JAX_COMPILATION_CACHE_DIR' not i
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 # Only programs that take a while to compile: writing every small eager op's executable costs more than it saves.
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')
+
+# The fast tier (-m 'not slow') runs the suite every variant gets for a few variants that between them use
+# every hook: rope (rotate), shaw (logits and values terms, the causal band), t5 (a bias shared across
+# layers, a kernel term), tupe_a (untied embedding terms, the scale, [CLS]) and cope (reads q.k, all keys at
+# once, causal only). The whole suite runs every variant.
+FAST_TIER_VARIANTS = ('rope', 'shaw', 't5', 'tupe_a', 'cope')
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  import pytest  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top  (after the environment above is set)
+  for item in items:
+    kind = getattr(item, 'callspec', None) and item.callspec.params.get('kind')
+    if isinstance(kind, str) and kind in transformer.VARIANTS and kind not in FAST_TIER_VARIANTS:
+      item.add_marker(pytest.mark.slow)

@@ -83,6 +83,7 @@ def test_what_tracing_refuses_is_a_configuration_error(overrides, expected):
     preflight.check(smoke_experiment(**overrides))
 
 
+@pytest.mark.slow
 def test_the_train_command_refuses_a_core_before_it_writes_and_the_corrected_command_runs(tmp_path):
   workdir = tmp_path / 'run'
   code, _, lines = command('experiments.train', '--config=configs/smoke.py', f'--workdir={workdir}',
@@ -252,6 +253,7 @@ def _finished(workdir, **overrides):
               workdir)
 
 
+@pytest.mark.slow
 def test_rank_reads_a_sweep_of_variants_with_their_own_settings_and_refuses_a_mix(tmp_path):
   sweep = tmp_path / 'sweep'
   for kind in ('rope', 'kerple_log', 'fire'):
@@ -265,6 +267,7 @@ def test_rank_reads_a_sweep_of_variants_with_their_own_settings_and_refuses_a_mi
 
 # Seeds in one program resume from the newest step every replica saved.
 
+@pytest.mark.slow
 def test_seeds_killed_while_saving_resume_from_the_step_they_all_saved(tmp_path):
   whole = [str(tmp_path / f'whole-{seed}') for seed in (0, 1)]
   trainer.run_seeds(smoke_experiment(), whole)

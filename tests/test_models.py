@@ -27,6 +27,7 @@ def test_encoder_decoder_decoder_is_causal():
   assert_causal(model, init(model, source, target), (source, target), L, config.model_dim)
 
 
+@pytest.mark.slow
 def test_encoder_is_not_causal():
   """The gradient test can fail: the bidirectional encoder does see the future."""
   config = tiny()

@@ -54,6 +54,7 @@ def test_the_positions_rng_moves_the_positions_of_a_variant_that_reads_them():
     np.testing.assert_array_equal(model.apply(params, x), model.apply(params, x))  # no rng: PRNGKey(0), reproducible
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['rope', 't5', 'alibi', 'transformer_xl'])
 def test_cached_decoding_keeps_the_positions_of_the_full_pass(kind):
   model = T.DecoderOnly(tiny(kind, randomized_max_length=50))

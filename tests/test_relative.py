@@ -55,6 +55,7 @@ POSITIONS = [(range(6), range(6)), (range(8, 12), range(0, 12)), (range(0, 3), r
              ([0, 2, 3, 7], [1, 2, 9, 4, 0])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('q_positions,k_positions', POSITIONS)
 def test_shaw_terms_and_gradients_equal_the_gathered_ones(q_positions, k_positions):
   clip = 3

@@ -36,6 +36,7 @@ def _assert_same_records(found, expected, rtol=1e-5):
         assert got[name] == value, name
 
 
+@pytest.mark.slow
 def test_each_replica_is_the_run_of_its_seed_alone(tmp_path):
   steps = {'train.steps': 30}
   workdirs = [str(tmp_path / f'together-seed{seed}') for seed in (3, 4, 5)]
@@ -63,6 +64,7 @@ def test_replicas_on_eight_devices_match_one_device(tmp_path, parallel):
     _assert_same_records(read_metrics(str(tmp_path / f'eight-{seed}')), read_metrics(str(tmp_path / f'one-{seed}')))
 
 
+@pytest.mark.slow
 def test_resumed_replicas_equal_uninterrupted_ones(tmp_path):
   trainer.run_seeds(smoke_experiment(**DROPOUT), [str(tmp_path / f'whole-{seed}') for seed in (0, 1)])
   resumed = [str(tmp_path / f'resumed-{seed}') for seed in (0, 1)]
@@ -73,6 +75,7 @@ def test_resumed_replicas_equal_uninterrupted_ones(tmp_path):
         read_metrics(str(tmp_path / f'whole-{seed}')))
 
 
+@pytest.mark.slow
 def test_a_diverging_replica_stops_alone_and_the_others_finish(tmp_path, monkeypatch):
   original = Copy.batch
 
