@@ -127,17 +127,17 @@ def choose(requested: str, needs: CallNeeds) -> str:
 
 def call_needs(request: AttentionRequest, settings: CoreSettings) -> CallNeeds:
   """What this call needs, before anyone has computed its logits term (position_term False)."""
-  query, key, hooks = request.query_BxLqxHxK, request.key_BxLkxHxK, request.positions
+  query, key, positions = request.query_BxLqxHxK, request.key_BxLkxHxK, request.positions
   return CallNeeds(
       backend=settings.backend, dtype=jnp.dtype(query.dtype).name,
       caller_weights=settings.dropout_rng is not None or settings.collect_weights,
-      values_term=hooks is not None and hooks.hooks.needs_weights(), position_term=False,
+      values_term=positions is not None and positions.hooks.needs_weights(), position_term=False,
       blocks_configured=settings.block_size > 0,
       # Blocks pay where they skip work (causal: the keys after a block) or bound memory (key blocks);
       # bidirectional attention in query blocks alone only recomputes.
       blocks_pay=(request.mask.causal or settings.key_block_size > 0)
       and max(query.shape[1], key.shape[1]) > settings.block_size,
-      kernel_serves=hooks is None or hooks.hooks.kernel_serves(),
+      kernel_serves=positions is None or positions.hooks.kernel_serves(),
       mask_in_parts=request.mask.given_as_parts)
 
 
