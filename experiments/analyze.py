@@ -121,7 +121,7 @@ def main(argv):
   length = batch['inputs'].shape[1]
   positions = jnp.arange(length)[None]
   position_params = _decoder_params(params, kind).get('position')
-  hooks = config.position.variant.stack(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
+  hooks = config.position.variant.stack(settings=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
                         model_dim=config.model_dim, num_layers=1, causal=kind != 'encoder_only')
   shared = hooks.apply({'params': position_params or {}}, positions, positions, method='shared')
   terms = {}  # label -> the sum of the B x H x Lq x Lk terms added to the logits (a pattern has one per kind)

@@ -44,9 +44,9 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   decoder_only = T.DecoderOnly(tiny(kind, attention_block_size=4, attention_key_block_size=4))
   params = random_positions(init(decoder_only, target))
 
-  def run_decoder_only(cache, tokens_BxS):
+  def run_decoder_only(cache, tokens_BxLn):
     variables = params if cache is None else {**params, 'cache': cache}
-    logits, updated = decoder_only.apply(variables, tokens_BxS, use_cache=True, mutable=['cache'])
+    logits, updated = decoder_only.apply(variables, tokens_BxLn, use_cache=True, mutable=['cache'])
     return logits, updated['cache']
 
   _, cache = run_decoder_only(None, jnp.zeros_like(target))

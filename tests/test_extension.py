@@ -216,7 +216,7 @@ def test_bad_extension_settings_are_refused_naming_the_field(fields, message):
 def _embedding(kind, positions, **settings):
   """The stack's embed hook applied to zeros: its position vectors, B x L x 16."""
   config = T.PositionConfig(kind, **settings)
-  stack = config.variant.stack(config=config.settings, num_heads=2, head_dim=8, model_dim=16, num_layers=1,
+  stack = config.variant.stack(settings=config.settings, num_heads=2, head_dim=8, model_dim=16, num_layers=1,
                                causal=True)
   x = jnp.zeros(positions.shape + (16,))
   variables = stack.init(jax.random.PRNGKey(0), x, positions, method='embed')

@@ -22,32 +22,32 @@ def _term_and_dense_bias(kind: str, causal: bool):
   if kind == 'alibi':
     slopes_Hx1 = jnp.asarray(alibi.alibi_slopes(HEADS))[:, None]
 
-    def term(parameters_HxP):
-      return KernelTerm(lambda p, q, k: -p[0] * alibi.alibi_distance(k - q, causal), parameters_HxP)
+    def term(parameters_HxA):
+      return KernelTerm(lambda p, q, k: -p[0] * alibi.alibi_distance(k - q, causal), parameters_HxA)
 
-    def dense(parameters_HxP, q_positions, k_positions):
+    def dense(parameters_HxA, q_positions, k_positions):
       distance = alibi.alibi_distance(k_positions[None, :] - q_positions[:, None], causal).astype(jnp.float32)
-      return -parameters_HxP[:, 0][None, :, None, None] * distance[None, None]
+      return -parameters_HxA[:, 0][None, :, None, None] * distance[None, None]
     return slopes_Hx1, term, dense
   if kind == 't5':
-    table_NxH = jnp.asarray(rng.normal(size=(8, HEADS)), jnp.float32)
+    table_RxH = jnp.asarray(rng.normal(size=(8, HEADS)), jnp.float32)
 
-    def term(parameters_HxP):
-      return t5.t5_kernel_term(parameters_HxP.T, bidirectional=not causal, max_distance=12)
+    def term(parameters_HxA):
+      return t5.t5_kernel_term(parameters_HxA.T, bidirectional=not causal, max_distance=12)
 
-    def dense(parameters_HxP, q_positions, k_positions):
-      return t5.t5_bias_gathered(parameters_HxP.T, q_positions[None], k_positions[None], bidirectional=not causal,
+    def dense(parameters_HxA, q_positions, k_positions):
+      return t5.t5_bias_gathered(parameters_HxA.T, q_positions[None], k_positions[None], bidirectional=not causal,
                                  max_distance=12)
-    return table_NxH.T, term, dense
+    return table_RxH.T, term, dense
   elementwise = {'kerple_log': kerple.log_kernel, 'kerple_power': kerple.power_kernel}[kind]
   r_Hx2 = jnp.asarray(rng.uniform(0.2, 1.5, size=(HEADS, 2)), jnp.float32)
 
-  def term(parameters_HxP):
+  def term(parameters_HxA):
     return KernelTerm(lambda p, q, k: elementwise(p[0], p[1], kerple.distance_from_relative(k - q, causal)),
-                      parameters_HxP)
+                      parameters_HxA)
 
-  def dense(parameters_HxP, q_positions, k_positions):
-    return elementwise(parameters_HxP[:, 0][:, None, None], parameters_HxP[:, 1][:, None, None],
+  def dense(parameters_HxA, q_positions, k_positions):
+    return elementwise(parameters_HxA[:, 0][:, None, None], parameters_HxA[:, 1][:, None, None],
                        kerple.kerple_distance(q_positions[None], k_positions[None], causal))
   return r_Hx2, term, dense
 

@@ -15,7 +15,7 @@ from transformer.positions import alibi, t5
 torch = pytest.importorskip('torch', reason="the FlexAttention peer needs PyTorch: pip install -e '.[peer]'")
 
 
-def _ours(term, arrays, table_NxH):
+def _ours(term, arrays, table_RxH):
   query, key, value = (jnp.asarray(arrays[name]) for name in ('query', 'key', 'value'))
   length, heads = query.shape[1], query.shape[2]
   positions = jnp.arange(length)[None]
@@ -23,7 +23,7 @@ def _ours(term, arrays, table_NxH):
   if term == 'alibi':
     bias = alibi.alibi_bias(positions, positions, heads, causal=True)
   elif term == 't5':
-    bias = t5.t5_bias(table_NxH, positions, positions, bidirectional=False, max_distance=flex.MAX_DISTANCE)
+    bias = t5.t5_bias(table_RxH, positions, positions, bidirectional=False, max_distance=flex.MAX_DISTANCE)
   return scaled_dot_product_attention(query, key, value, mask=causal_mask(length), bias=bias)
 
 

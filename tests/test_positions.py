@@ -33,7 +33,7 @@ class OneAttention(nn.Module):
   def __call__(self, x_BxLxD, offset: int = 0):
     variant = self.config.position.variant
     self.config.position.check_attention(self.config.num_heads, self.config.head_dim, self.causal)
-    fields = dict(config=self.config.position.settings, num_heads=self.config.num_heads, head_dim=self.config.head_dim,
+    fields = dict(settings=self.config.position.settings, num_heads=self.config.num_heads, head_dim=self.config.head_dim,
                   model_dim=self.config.model_dim, num_layers=1, causal=self.causal, has_cls=self.has_cls)
     stack = variant.stack(**fields, name='stack')
     layer = variant.layer(**fields, name='layer')

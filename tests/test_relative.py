@@ -76,7 +76,7 @@ def test_shaw_terms_and_gradients_equal_the_gathered_ones(q_positions, k_positio
 
   args = (query, weights, key_table, value_table)
   if not bool(ok):  # not runs: the layer must fall back to the gather, whose result differs from fast()'s
-    layer = shaw_module.Shaw(config=shaw_module.ShawSettings(clip_distance=clip, per_head=True), num_heads=2, head_dim=4, model_dim=8, num_layers=1,
+    layer = shaw_module.Shaw(settings=shaw_module.ShawSettings(clip_distance=clip, per_head=True), num_heads=2, head_dim=4, model_dim=8, num_layers=1,
                              causal=False)
     params = {'params': {'key_table': key_table, 'value_table': value_table}}
     logits = layer.apply(params, query, None, q_pos, k_pos, None, 1.0, method='logits')
@@ -108,7 +108,7 @@ def test_t5_bias_and_its_gradient_equal_the_gathered_ones(q_positions, k_positio
 def test_positions_known_only_at_run_time_take_the_same_path(q_positions, k_positions):
   """Traced positions (decided by a lax.cond) give what constant positions (decided while tracing) give."""
   q_pos, k_pos = jnp.asarray([list(q_positions)]), jnp.asarray([list(k_positions)])
-  layer = shaw_module.Shaw(config=shaw_module.ShawSettings(clip_distance=3), num_heads=2, head_dim=4, model_dim=8,
+  layer = shaw_module.Shaw(settings=shaw_module.ShawSettings(clip_distance=3), num_heads=2, head_dim=4, model_dim=8,
                            num_layers=1, causal=False)
   query = jax.random.normal(jax.random.PRNGKey(0), (2, q_pos.shape[1], 2, 4))
   weights = jax.random.uniform(jax.random.PRNGKey(1), (2, 2, q_pos.shape[1], k_pos.shape[1]))

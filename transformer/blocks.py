@@ -24,7 +24,7 @@ from transformer.positions.randomized import randomized_positions
 def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, **layer) -> dict:
   """The fields of a stack's hooks; a layer's also get its layer_index."""
   config.position.check_attention(config.num_heads, config.head_dim, causal)
-  return dict(config=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
+  return dict(settings=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
               model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls, **layer)
 
 
@@ -54,17 +54,17 @@ class TransformerLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
-               key_positions_1xT=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
+               key_positions_1xLk=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
                memory_valid_BxLs=None, kernel_shared: Shared = None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
     valid_BxL, memory_valid_BxLs: the padding the masks were built from, which a kernel takes as such
     (AttentionMask's parts); kernel_shared: the stack's, for the kernel's position terms.
-    key_positions_1xT: the keys' positions when they are not the queries' (incremental decoding: the
+    key_positions_1xLk: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
     MultiHeadAttention's."""
     config, deterministic = self.config, self.deterministic
-    key_positions_1xT = positions_1xL if key_positions_1xT is None else key_positions_1xT
+    key_positions_1xLk = positions_1xL if key_positions_1xLk is None else key_positions_1xLk
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = config.position.variant.layer(
@@ -73,7 +73,7 @@ class TransformerLayer(nn.Module):
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, config.attention_implementation,
                                         name='self_attention')
-    self_positions = AttentionPositions(hooks, positions_1xL, key_positions_1xT, shared, kernel_shared)
+    self_positions = AttentionPositions(hooks, positions_1xL, key_positions_1xLk, shared, kernel_shared)
     # A cached step's mask is explicit (its keys are the cache's slots), not the causal mask and padding.
     self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
                                         key_valid_BxLk=valid_BxL if cache_index is None else None)
@@ -89,7 +89,7 @@ class TransformerLayer(nn.Module):
         cross_hooks = config.position.variant.layer(
             **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
             name='cross_position')
-        cross_positions = AttentionPositions(cross_hooks, positions_1xL, key_positions_1xT, shared, kernel_shared)
+        cross_positions = AttentionPositions(cross_hooks, positions_1xL, key_positions_1xLk, shared, kernel_shared)
       # Aligned cross-attention's mask is causal by step and the padding: not given as parts.
       cross_mask = AttentionMask(memory_mask, in_parts=not config.aligned_cross_attention,
                                  key_valid_BxLk=None if config.aligned_cross_attention else memory_valid_BxLs)
@@ -128,7 +128,7 @@ class TransformerStack(nn.Module):
     positions_1xL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
     if config.randomized_max_length:
       positions_1xL = self._randomized(length, valid_BxL)
-    key_positions_1xT, cache_index = positions_1xL, None
+    key_positions_1xLk, cache_index = positions_1xL, None
     if use_cache:
       if not self.causal:
         raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
@@ -142,10 +142,10 @@ class TransformerStack(nn.Module):
         cache_index = next_index.value
         if config.randomized_max_length:  # the positions drawn for the whole capacity by the first call
           positions_1xL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
-          key_positions_1xT = slots.value
+          key_positions_1xLk = slots.value
         else:
           positions_1xL = cache_index + positions_1xL  # traced: the hooks take their gathering paths
-          key_positions_1xT = np.arange(slots.value.shape[1], dtype=np.int32)[None]
+          key_positions_1xLk = np.arange(slots.value.shape[1], dtype=np.int32)[None]
         next_index.value = cache_index + length
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
@@ -153,17 +153,17 @@ class TransformerStack(nn.Module):
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     # The Pallas kernel computes the terms from kernel_shared: the stack's whole-call terms would go unused.
     pallas = config.attention_implementation == 'pallas'
-    shared = None if pallas else hooks.shared(positions_1xL, key_positions_1xT)
+    shared = None if pallas else hooks.shared(positions_1xL, key_positions_1xLk)
     kernel_shared = hooks.kernel_shared()
     if cache_index is None:
       self_mask = self_attention_mask(valid_BxL, length, self.causal)
     else:  # each query sees the slots up to its own position
-      self_mask = (key_positions_1xT[:, None, :] <= positions_1xL[:, :, None])[:, None]
+      self_mask = (key_positions_1xLk[:, None, :] <= positions_1xL[:, :, None])[:, None]
     memory_mask = None
     if self.cross_attention:
       memory_mask = cross_attention_mask(memory_valid_BxLs)
       if config.aligned_cross_attention:
-        target_length = key_positions_1xT.shape[1]  # the cache's capacity in a cached step
+        target_length = key_positions_1xLk.shape[1]  # the cache's capacity in a cached step
         if memory_BxLsxD.shape[1] != target_length:
           raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
                            f'target length {target_length}; valid: aligned sequences of equal length')
@@ -172,7 +172,7 @@ class TransformerStack(nn.Module):
     # With remat, a layer's activations are recomputed in the backward pass instead of stored:
     # memory per layer falls to its inputs, for about one more forward pass of compute.
     layer_type = nn.remat(TransformerLayer) if config.remat and not use_cache else TransformerLayer
-    cached_step = {} if not use_cache else dict(key_positions_1xT=key_positions_1xT, use_cache=True,
+    cached_step = {} if not use_cache else dict(key_positions_1xLk=key_positions_1xLk, use_cache=True,
                                                 cache_index=cache_index)
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared)
     for index in range(self.num_layers):

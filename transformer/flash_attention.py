@@ -3,7 +3,7 @@
   out_i = sum_j softmax_j(q_i . k_j * scale + t_h(p_i, p_j)) v_j
 
 over the keys j that query i may see (the causal mask j <= i + Lk - Lq, the keys' padding), computed
-block by block: Bq queries at a time, looping over blocks of Bk keys with an online softmax
+block by block: bq queries at a time, looping over blocks of bk keys with an online softmax
 (FlashAttention, Dao et al. 2022), so neither the weights nor the position term ever exists at
 B x H x Lq x Lk. The term t_h is a KernelTerm: a function of one head's few parameters and the
 positions of the block's queries and keys, evaluated inside the kernel (the idea of PyTorch's
@@ -33,12 +33,12 @@ MASKED = -1e30  # a finite logit for masked keys: the running maximum stays fini
 class KernelTerm:
   """A logits term t_h(p_i, p_j) that a kernel can compute from positions and a few numbers per head.
 
-  function(parameters, q_positions_Bqx1, k_positions_1xBk) -> Bq x Bk float32, where parameters is a
-  list of P arrays of shape 1 x 1 (head h's row of parameters_HxP) and positions are float32. It must
+  function(parameters, q_positions_bqx1, k_positions_1xbk) -> bq x bk float32, where parameters is a
+  list of A arrays of shape 1 x 1 (head h's row of parameters_HxA) and positions are float32. It must
   use elementwise jax.numpy only, so that it lowers inside a kernel, and be differentiable in the
   parameters."""
   function: Callable
-  parameters_HxP: chex.Array
+  parameters_HxA: chex.Array
 
 
 def _next_power_of_two(n: int) -> int:
@@ -74,15 +74,15 @@ def _parameters(params_ref, static: _Static):
   return [params_ref[:, pl.ds(index, 1)] for index in range(static.num_parameters)]
 
 
-def _logits(static: _Static, parameters, q_block, k_block, q_positions_Bqx1, k_positions_1xBk, k_valid_1xBk,
-            q_index_Bqx1, k_index_1xBk):
-  """Scaled logits with the term, the mask of the keys each query may see, both Bq x Bk."""
+def _logits(static: _Static, parameters, q_block, k_block, q_positions_bqx1, k_positions_1xbk, k_valid_1xbk,
+            q_index_bqx1, k_index_1xbk):
+  """Scaled logits with the term, the mask of the keys each query may see, both bq x bk."""
   logits = _dot(q_block, k_block, 1, 1) * static.scale
   if static.function is not None:
-    logits = logits + static.function(parameters, q_positions_Bqx1, k_positions_1xBk)
-  allowed = k_valid_1xBk > 0
+    logits = logits + static.function(parameters, q_positions_bqx1, k_positions_1xbk)
+  allowed = k_valid_1xbk > 0
   if static.causal:
-    allowed = jnp.logical_and(allowed, k_index_1xBk <= q_index_Bqx1 + static.causal_offset)
+    allowed = jnp.logical_and(allowed, k_index_1xbk <= q_index_bqx1 + static.causal_offset)
   return jnp.where(allowed, logits, MASKED), allowed
 
 
@@ -259,9 +259,9 @@ def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(static: _Static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
-           k_valid_Bx1xLk, params_Hx1xP):
+           k_valid_Bx1xLk, params_Hx1xA):
   return _flash_forward(static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
-                        k_valid_Bx1xLk, params_Hx1xP)[0]
+                        k_valid_Bx1xLk, params_Hx1xA)[0]
 
 
 def _flash_forward(static: _Static, q, k, v, q_positions, k_positions, k_valid, params):
@@ -309,9 +309,9 @@ def _flash_backward(static: _Static, residuals, d_out):
        params_spec],
       _rows(static.block_q, head_dim), jax.ShapeDtypeStruct(q.shape, q.dtype))
   d_q = queries(*inputs)
-  d_params_Hx1xP = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
+  d_params_Hx1xA = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
   return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(k_positions), jnp.zeros_like(k_valid),
-          d_params_Hx1xP)
+          d_params_Hx1xA)
 
 
 _flash.defvjp(_flash_forward, _flash_backward)
@@ -354,17 +354,17 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
   key_valid = jnp.ones((batch, length_k), jnp.float32) if key_valid_BxLk is None else (
       jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(jnp.float32))
   if term is None:
-    params_Hx1xP = jnp.zeros((heads, 1, 1), jnp.float32)
+    params_Hx1xA = jnp.zeros((heads, 1, 1), jnp.float32)
   else:
-    chex.assert_shape(term.parameters_HxP, (heads, None))
-    params_Hx1xP = term.parameters_HxP.astype(jnp.float32)[:, None, :]
+    chex.assert_shape(term.parameters_HxA, (heads, None))
+    params_Hx1xA = term.parameters_HxA.astype(jnp.float32)[:, None, :]
   static = _Static(block_q, block_k, causal, length_k - length_q, scale, None if term is None else term.function,
-                   params_Hx1xP.shape[-1], platform)
+                   params_Hx1xA.shape[-1], platform)
   out_BxHxLqxV = _flash(static, heads_first(query_BxLqxHxK, padded_q, width),
                         heads_first(key_BxLkxHxK, padded_k, width), heads_first(value_BxLkxHxV, padded_k, value_width),
                         positions(q_positions_BxLq, length_q, padded_q)[:, :, None],
                         positions(k_positions_BxLk, length_k, padded_k)[:, None, :],
-                        _pad_to(key_valid, 1, padded_k)[:, None, :], params_Hx1xP)
+                        _pad_to(key_valid, 1, padded_k)[:, None, :], params_Hx1xA)
   out_BxLqxHxV = jnp.transpose(out_BxHxLqxV[:, :, :length_q, :value_dim], (0, 2, 1, 3))
   chex.assert_shape(out_BxLqxHxV, (batch, length_q, heads, value_dim))
   return out_BxLqxHxV

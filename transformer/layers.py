@@ -30,11 +30,11 @@ def linear(x_NxI: chex.Array, weight_IxO: chex.Array, bias_O: Optional[chex.Arra
   return y
 
 
-def embedding_lookup(table_VxD: chex.Array, ids: chex.Array) -> chex.Array:
+def embedding_lookup(table_CxD: chex.Array, ids: chex.Array) -> chex.Array:
   """E[ids]: a gather of rows of the table, never a one-hot matmul."""
-  chex.assert_rank(table_VxD, 2)
+  chex.assert_rank(table_CxD, 2)
   chex.assert_type(ids, int)
-  return table_VxD[ids]
+  return table_CxD[ids]
 
 
 def layer_norm(x: chex.Array, scale_D: chex.Array, offset_D: chex.Array, eps: float = 1e-6) -> chex.Array:

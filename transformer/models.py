@@ -40,7 +40,7 @@ class TokenEmbedding(nn.Module):
 
 
 class DecoderOnly(nn.Module):
-  """A causal language model: tokens B x L -> next-token logits B x L x V."""
+  """A causal language model: tokens B x L -> next-token logits B x L x C."""
   config: ModelConfig
 
   def setup(self):
@@ -58,7 +58,7 @@ class DecoderOnly(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-  """Source B x Ls, target input B x Lt (teacher forcing) -> logits B x Lt x V. One vocabulary and
+  """Source B x Ls, target input B x Lt (teacher forcing) -> logits B x Lt x C. One vocabulary and
   one embedding table for source, target and output, as in the paper."""
   config: ModelConfig
 
@@ -146,21 +146,21 @@ class EncoderOnly(nn.Module):
     return outputs
 
 
-def greedy_generate(next_logits_fn: Callable[[chex.Array], chex.Array], prompt_BxP: chex.Array,
+def greedy_generate(next_logits_fn: Callable[[chex.Array], chex.Array], prompt_BxLp: chex.Array,
                     num_new_tokens: int) -> chex.Array:
   """Appends num_new_tokens argmax tokens to the prompt: B x (P + num_new_tokens).
 
-  `next_logits_fn(tokens_BxT) -> logits_BxTxV` must be causal. The buffer has a fixed length, so
+  `next_logits_fn(tokens_BxLt) -> logits_BxLtxC` must be causal. The buffer has a fixed length, so
   one compiled step serves every position; position t only sees tokens before it.
   """
-  batch, prompt_length = prompt_BxP.shape
+  batch, prompt_length = prompt_BxLp.shape
   total = prompt_length + num_new_tokens
-  buffer = jnp.zeros((batch, total), prompt_BxP.dtype).at[:, :prompt_length].set(prompt_BxP)
+  buffer = jnp.zeros((batch, total), prompt_BxLp.dtype).at[:, :prompt_length].set(prompt_BxLp)
 
-  def step(t, buffer_BxT):
-    logits = next_logits_fn(buffer_BxT)
-    next_token = jnp.argmax(logits[:, t - 1], axis=-1).astype(buffer_BxT.dtype)
-    return buffer_BxT.at[:, t].set(next_token)
+  def step(t, buffer_BxLt):
+    logits = next_logits_fn(buffer_BxLt)
+    next_token = jnp.argmax(logits[:, t - 1], axis=-1).astype(buffer_BxLt.dtype)
+    return buffer_BxLt.at[:, t].set(next_token)
 
   return jax.lax.fori_loop(prompt_length, total, step, buffer)
 
@@ -172,12 +172,12 @@ def supports_cache(model: nn.Module) -> bool:
 
 
 def _cached_steps(model: nn.Module, params, batch: int, capacity: int, *args, **kwargs):
-  """(a cache for `capacity` decoder positions, and the step function (cache, tokens_BxS) ->
-  (logits_BxSxV, cache) feeding the next S positions): model.apply(..., *args, tokens_BxS, **kwargs)
+  """(a cache for `capacity` decoder positions, and the step function (cache, tokens_BxLn) ->
+  (logits_BxLnxC, cache) feeding the next Ln positions): model.apply(..., *args, tokens_BxLn, **kwargs)
   with use_cache, the call on `capacity` zeros creating the cache."""
-  def run(cache, tokens_BxS):
+  def run(cache, tokens_BxLn):
     variables = params if cache is None else {**params, 'cache': cache}
-    logits, updated = model.apply(variables, *args, tokens_BxS, use_cache=True, mutable=['cache'], **kwargs)
+    logits, updated = model.apply(variables, *args, tokens_BxLn, use_cache=True, mutable=['cache'], **kwargs)
     return logits, updated['cache']
 
   _, cache = run(None, jnp.zeros((batch, capacity), jnp.int32))
@@ -190,17 +190,17 @@ def _cached_decoder(model: nn.Module, params, memory_BxLsxD, source_valid_BxLs, 
                        method='decode')
 
 
-def _reorder_cache(cache, parent_BxK, beam_size: int):
+def _reorder_cache(cache, parent_BxM, beam_size: int):
   """Every cache array's rows (batch x beam first) taken from the parent hypotheses; the scalar
   write index stays, and so do cross-attention's keys and values: every beam of a source holds the
   same memory, so gathering them would copy it unchanged at every step."""
   def gather(path, x):
-    if x.ndim == 0 or x.shape[0] != parent_BxK.shape[0] * beam_size:
+    if x.ndim == 0 or x.shape[0] != parent_BxM.shape[0] * beam_size:
       return x
     if any(getattr(entry, 'key', None) == 'cross_attention' for entry in path):
       return x
-    by_beam = x.reshape(parent_BxK.shape[0], beam_size, *x.shape[1:])
-    index = parent_BxK.reshape(parent_BxK.shape + (1,) * (by_beam.ndim - 2))
+    by_beam = x.reshape(parent_BxM.shape[0], beam_size, *x.shape[1:])
+    index = parent_BxM.reshape(parent_BxM.shape + (1,) * (by_beam.ndim - 2))
     return jnp.take_along_axis(by_beam, index, axis=1).reshape(x.shape)
   return jax.tree_util.tree_map_with_path(gather, cache)
 
@@ -214,8 +214,8 @@ def greedy_decode(model: nn.Module, params, source_BxLs, *, bos_id: int, max_len
   batch = source_BxLs.shape[0]
   start = jnp.full((batch, 1), bos_id, source_BxLs.dtype)
   if not (use_cache and supports_cache(model)):
-    def next_logits(tokens_BxT):
-      return model.apply(params, memory, tokens_BxT, source_valid_BxLs=source_valid_BxLs, method='decode')
+    def next_logits(tokens_BxLt):
+      return model.apply(params, memory, tokens_BxLt, source_valid_BxLs=source_valid_BxLs, method='decode')
     return greedy_generate(next_logits, start, max_length)[:, 1:]
 
   cache, run = _cached_decoder(model, params, memory, source_valid_BxLs, batch, max_length)
@@ -231,22 +231,22 @@ def _greedy_through_cache(run, cache, token_Bx1, num_tokens: int) -> chex.Array:
     next_token = jnp.argmax(logits[:, -1], axis=-1).astype(token_Bx1.dtype)[:, None]
     return (cache, next_token), next_token[:, 0]
 
-  _, tokens_TxB = jax.lax.scan(step, (cache, token_Bx1), None, length=num_tokens)
-  return jnp.transpose(tokens_TxB)
+  _, tokens_LtxB = jax.lax.scan(step, (cache, token_Bx1), None, length=num_tokens)
+  return jnp.transpose(tokens_LtxB)
 
 
-def decoder_only_generate(model: DecoderOnly, params, prompt_BxP, num_new_tokens: int,
+def decoder_only_generate(model: DecoderOnly, params, prompt_BxLp, num_new_tokens: int,
                           use_cache: bool = True) -> chex.Array:
   """Decoder-only greedy continuation of a prompt: B x (P + num_new_tokens). With use_cache
   (Transformers) the prompt goes through the cache in one call, then one token per step."""
   if not (use_cache and supports_cache(model)) or num_new_tokens == 0:
-    return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxP, num_new_tokens)
-  batch, prompt_length = prompt_BxP.shape
+    return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxLp, num_new_tokens)
+  batch, prompt_length = prompt_BxLp.shape
   cache, run = _cached_steps(model, params, batch, prompt_length + num_new_tokens - 1)
-  logits, cache = run(cache, prompt_BxP)
-  first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt_BxP.dtype)[:, None]
+  logits, cache = run(cache, prompt_BxLp)
+  first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt_BxLp.dtype)[:, None]
   rest = _greedy_through_cache(run, cache, first, num_new_tokens - 1)
-  return jnp.concatenate([prompt_BxP, first, rest], axis=1)
+  return jnp.concatenate([prompt_BxLp, first, rest], axis=1)
 
 
 def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: int, max_length: int,
@@ -265,10 +265,10 @@ def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: i
   memory = model.apply(params, source_BxLs, source_valid_BxLs=source_valid_BxLs, method='encode')
   repeat = lambda x: None if x is None else jnp.repeat(x, beam_size, axis=0)
   memory_NxLsxD, valid_NxLs = repeat(memory), repeat(source_valid_BxLs)
-  tokens_BxKxT = jnp.zeros((batch, beam_size, max_length + 1), source_BxLs.dtype).at[:, :, 0].set(bos_id)
-  scores_BxK = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)
-  ended_BxK = jnp.zeros((batch, beam_size), bool)
-  lengths_BxK = jnp.zeros((batch, beam_size), jnp.int32)
+  tokens_BxMxLt = jnp.zeros((batch, beam_size, max_length + 1), source_BxLs.dtype).at[:, :, 0].set(bos_id)
+  scores_BxM = jnp.full((batch, beam_size), -jnp.inf).at[:, 0].set(0.0)
+  ended_BxM = jnp.zeros((batch, beam_size), bool)
+  lengths_BxM = jnp.zeros((batch, beam_size), jnp.int32)
   cached = use_cache and supports_cache(model)
   cache, run = (_cached_decoder(model, params, memory_NxLsxD, valid_NxLs, batch * beam_size, max_length)
                 if cached else (None, None))
@@ -297,7 +297,7 @@ def beam_search(model: nn.Module, params, source_BxLs, *, bos_id: int, eos_id: i
     return tokens, scores, was_ended | (token == eos_id), lengths, cache
 
   tokens, scores, _, lengths, _ = jax.lax.fori_loop(
-      1, max_length + 1, step, (tokens_BxKxT, scores_BxK, ended_BxK, lengths_BxK, cache))
+      1, max_length + 1, step, (tokens_BxMxLt, scores_BxM, ended_BxM, lengths_BxM, cache))
   normalised = scores / ((5.0 + lengths) / 6.0) ** length_penalty
   best = jnp.argmax(normalised, axis=1)
   return jnp.take_along_axis(tokens, best[:, None, None], axis=1)[:, 0, 1:]

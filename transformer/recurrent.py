@@ -55,15 +55,15 @@ def summary(hidden_BxLxD, valid_BxL, bidirectional: bool) -> chex.Array:
   """The sequence in one vector: the forward state at the last valid step (and, bidirectional,
   the backward state at step 0)."""
   lengths_B = _lengths(valid_BxL, hidden_BxLxD)
-  last_B1xD = jnp.take_along_axis(hidden_BxLxD, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+  last_BxD = jnp.take_along_axis(hidden_BxLxD, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
   if not bidirectional:
-    return last_B1xD
+    return last_BxD
   half = hidden_BxLxD.shape[-1] // 2
-  return jnp.concatenate([last_B1xD[:, :half], hidden_BxLxD[:, 0, half:]], axis=-1)
+  return jnp.concatenate([last_BxD[:, :half], hidden_BxLxD[:, 0, half:]], axis=-1)
 
 
 class RecurrentDecoderOnly(nn.Module):
-  """tokens B x L -> next-token logits B x L x V, left to right."""
+  """tokens B x L -> next-token logits B x L x C, left to right."""
   config: ModelConfig
 
   @nn.compact

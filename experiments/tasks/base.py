@@ -49,8 +49,8 @@ class TaskSettings:
 
 class Task(abc.ABC):
   """A task. Batches are dicts of numpy arrays with a leading batch axis:
-  decoder-only: inputs, targets, weights (loss mask), valid (padding mask), all B x T;
-  encoder-decoder: additionally source and source_valid, B x S."""
+  decoder-only: inputs, targets, weights (loss mask), valid (padding mask), all B x Lt;
+  encoder-decoder: additionally source and source_valid, B x Ls."""
   model_kinds: tuple = ('decoder_only', 'encoder_decoder')
   fixed_width_keys: tuple = ()  # batch arrays whose axis 1 is not time (evaluation pads the others)
   headline_metric: str = 'token_accuracy'  # the metric the training log line shows
@@ -94,25 +94,25 @@ class Task(abc.ABC):
               dict(source_valid_BxLs=batch['source_valid'], target_valid_BxLt=batch['valid']))
     return (batch['inputs'],), dict(valid_BxL=batch['valid'])
 
-  def loss_and_metrics(self, logits_BxTxV, batch: dict, label_smoothing: float = 0.0) -> dict:
+  def loss_and_metrics(self, logits_BxLtxC, batch: dict, label_smoothing: float = 0.0) -> dict:
     """Sums (not means), so that devices and hosts can add them: loss, weight, correct tokens,
     correct sequences, sequences. The training objective is loss_sum / weight_sum."""
-    return token_loss_and_metrics(logits_BxTxV, batch['targets'], batch['weights'], label_smoothing)
+    return token_loss_and_metrics(logits_BxLtxC, batch['targets'], batch['weights'], label_smoothing)
 
 
-def token_loss_and_metrics(logits_BxTxV, targets_BxT, weights_BxT, label_smoothing: float) -> dict:
+def token_loss_and_metrics(logits_BxLtxC, targets_BxLt, weights_BxLt, label_smoothing: float) -> dict:
   """Cross-entropy with label smoothing (Szegedy et al. 2016; the paper uses 0.1), and accuracies."""
-  vocab = logits_BxTxV.shape[-1]
-  logits = logits_BxTxV.astype(jnp.float32)
+  vocab = logits_BxLtxC.shape[-1]
+  logits = logits_BxLtxC.astype(jnp.float32)
   confidence = 1.0 - label_smoothing
-  soft_targets = jax.nn.one_hot(targets_BxT, vocab) * confidence + label_smoothing / vocab
+  soft_targets = jax.nn.one_hot(targets_BxLt, vocab) * confidence + label_smoothing / vocab
   smoothed = optax.softmax_cross_entropy(logits, soft_targets)
   # Subtract the entropy of the soft targets so that a perfect prediction scores 0.
   floor = -(confidence * jnp.log(confidence) + label_smoothing * jnp.log(label_smoothing / vocab + 1e-20)) \
       if label_smoothing > 0 else 0.0
-  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, targets_BxT)
-  weights = weights_BxT.astype(jnp.float32)
-  correct = (jnp.argmax(logits, -1) == targets_BxT).astype(jnp.float32) * weights
+  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, targets_BxLt)
+  weights = weights_BxLt.astype(jnp.float32)
+  correct = (jnp.argmax(logits, -1) == targets_BxLt).astype(jnp.float32) * weights
   has_targets = jnp.sum(weights, axis=-1) > 0
   sequence_correct = jnp.logical_and(jnp.sum(correct, -1) == jnp.sum(weights, -1), has_targets)
   return dict(loss_sum=jnp.sum((smoothed - floor) * weights),

@@ -133,9 +133,9 @@ class Tracing(Task):
     return dict(source=source, source_valid=valid, inputs=inputs, valid=valid, targets=targets,
                 weights=weights, item_difficulty=difficulty.astype(np.float32), person=persons.astype(np.int32))
 
-  def loss_and_metrics(self, logits_BxTxV, batch, label_smoothing=0.0):
+  def loss_and_metrics(self, logits_BxLtxC, batch, label_smoothing=0.0):
     del label_smoothing  # a binary target; smoothing would only shift the calibration
-    two = logits_BxTxV[..., WRONG:CORRECT + 1].astype(jnp.float32)
+    two = logits_BxLtxC[..., WRONG:CORRECT + 1].astype(jnp.float32)
     log_probabilities = jax.nn.log_softmax(two, axis=-1)
     is_correct = (batch['targets'] == CORRECT)
     weights = batch['weights'].astype(jnp.float32)

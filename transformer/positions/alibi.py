@@ -44,8 +44,8 @@ def alibi_bias(q_positions_BxLq, k_positions_BxLk, num_heads: int, causal: bool)
 
 def alibi_kernel_term(num_heads: int, causal: bool) -> KernelTerm:
   """-m_h * distance for a kernel: the slopes as one parameter per head."""
-  def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
-    return -parameters[0] * alibi_distance(k_positions_1xBk - q_positions_Bqx1, causal)
+  def bias(parameters, q_positions_bqx1, k_positions_1xbk):
+    return -parameters[0] * alibi_distance(k_positions_1xbk - q_positions_bqx1, causal)
   return KernelTerm(bias, jnp.asarray(alibi_slopes(num_heads))[:, None])
 
 

@@ -34,7 +34,7 @@ A variant is one file: its hooks, its `Settings` (a frozen dataclass whose field
 `model.position.<field>` in the configs, each validated with the field, the value and what is
 valid), and one `Variant` that names them with the paper. `VARIANTS` in __init__.py lists them;
 `PositionConfig` (config.py) resolves a kind to its variant once and holds its settings, which the
-hooks receive as `config`.
+hooks receive as `settings`.
 
 Positions are integer arrays of shape B x L (B may be 1, broadcast over the batch). Cross-attention
 gets no hooks, unless the model's source and target are aligned step by step
@@ -97,7 +97,7 @@ class Settings:
 
 class StackPositions(nn.Module):
   """Stack-level hooks. The base class carries no position information (NoPE)."""
-  config: Settings  # the variant's own settings
+  settings: Settings  # the variant's own settings
   num_heads: int
   head_dim: int
   model_dim: int
@@ -120,7 +120,7 @@ class StackPositions(nn.Module):
 
 class LayerPositions(nn.Module):
   """Per-self-attention-layer hooks. The base class leaves attention untouched."""
-  config: Settings  # the variant's own settings
+  settings: Settings  # the variant's own settings
   num_heads: int
   head_dim: int
   model_dim: int

@@ -43,13 +43,13 @@ def contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale: f
   return jnp.minimum(from_key_to_end, max_positions - 1)
 
 
-def interpolated_term(query_BxLqxHxK, embeddings_KxP, positions_BxHxLqxLk) -> chex.Array:
+def interpolated_term(query_BxLqxHxK, embeddings_KxR, positions_BxHxLqxLk) -> chex.Array:
   """z_i[p] = q_i . e[p] at the integers either side of p, mixed linearly: B x H x Lq x Lk."""
-  per_integer_BxHxLqxP = jnp.einsum('bqhk,kp->bhqp', query_BxLqxHxK.astype(jnp.float32), embeddings_KxP)
+  per_integer_BxHxLqxR = jnp.einsum('bqhk,kp->bhqp', query_BxLqxHxK.astype(jnp.float32), embeddings_KxR)
   floor = jnp.floor(positions_BxHxLqxLk)
   weight = positions_BxHxLqxLk - floor
-  below = jnp.take_along_axis(per_integer_BxHxLqxP, floor.astype(jnp.int32), axis=-1)
-  above = jnp.take_along_axis(per_integer_BxHxLqxP, jnp.ceil(positions_BxHxLqxLk).astype(jnp.int32), axis=-1)
+  below = jnp.take_along_axis(per_integer_BxHxLqxR, floor.astype(jnp.int32), axis=-1)
+  above = jnp.take_along_axis(per_integer_BxHxLqxR, jnp.ceil(positions_BxHxLqxLk).astype(jnp.int32), axis=-1)
   return below * (1.0 - weight) + above * weight
 
 
@@ -58,14 +58,14 @@ class Cope(LayerPositions):
 
   def setup(self):
     self.embeddings = self.param('position_embeddings', nn.initializers.zeros,
-                                 (self.head_dim, self.config.max_positions))
+                                 (self.head_dim, self.settings.max_positions))
 
   def needs_all_keys(self):
     return True
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     allowed_BxLqxLk = k_positions_BxLk[:, None, :] <= q_positions_BxLq[:, :, None]
-    positions = contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale, self.config.max_positions)
+    positions = contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale, self.settings.max_positions)
     return interpolated_term(query_BxLqxHxK, self.embeddings, positions)
 
 

@@ -71,20 +71,20 @@ class FireLayer(LayerPositions):
   """Owns this layer's MLP, c and multiplier, and adds the MLP's bias to the logits."""
 
   def setup(self):
-    width = self.config.fire_mlp_width
+    width = self.settings.fire_mlp_width
     # PyTorch's default initialisation of the reference's two nn.Linear: uniform in +-1/sqrt(fan-in).
     self.hidden_kernel = self.param('hidden_kernel', _symmetric_uniform(1.0), (width,))
     self.hidden_bias = self.param('hidden_bias', _symmetric_uniform(1.0), (width,))
     self.output_kernel = self.param('output_kernel', _symmetric_uniform(width ** -0.5), (width, self.num_heads))
     self.output_bias = self.param('output_bias', _symmetric_uniform(width ** -0.5), (self.num_heads,))
     self.c = self.param('c', nn.initializers.constant(0.1), ())
-    if self.config.fire_learn_threshold:
+    if self.settings.fire_learn_threshold:
       self.threshold_multiplier = self.param('threshold_multiplier', nn.initializers.ones, ())
 
   def threshold(self) -> chex.Array:
-    if self.config.fire_learn_threshold:
-      return jnp.abs(self.threshold_multiplier * self.config.fire_threshold)
-    return jnp.asarray(self.config.fire_threshold, jnp.float32)
+    if self.settings.fire_learn_threshold:
+      return jnp.abs(self.threshold_multiplier * self.settings.fire_threshold)
+    return jnp.asarray(self.settings.fire_threshold, jnp.float32)
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     inputs = fire_inputs(q_positions_BxLq, k_positions_BxLk, self.c, self.threshold())

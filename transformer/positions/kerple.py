@@ -88,9 +88,9 @@ class _KerpleLayer(LayerPositions):
   def kernel_term(self, kernel_shared):
     causal, elementwise = self.causal, type(self).elementwise
 
-    def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
+    def bias(parameters, q_positions_bqx1, k_positions_1xbk):
       return elementwise(parameters[0], parameters[1],
-                         distance_from_relative(k_positions_1xBk - q_positions_Bqx1, causal))
+                         distance_from_relative(k_positions_1xbk - q_positions_bqx1, causal))
     return KernelTerm(bias, jnp.stack(self.clamped(), axis=1))
 
   def kernel_serves(self):

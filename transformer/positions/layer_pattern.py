@@ -84,8 +84,8 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
 
     def setup(self):
       fields = module_fields(self)
-      self.parts = {kind: parts[kind].stack(**dict(fields, config=self.config.part(kind)))
-                    for kind in self.config.distinct()}
+      self.parts = {kind: parts[kind].stack(**dict(fields, settings=self.settings.part(kind)))
+                    for kind in self.settings.distinct()}
 
     def shared(self, q_positions_BxLq, k_positions_BxLk):
       return {kind: stack.shared(q_positions_BxLq, k_positions_BxLk) for kind, stack in self.parts.items()}
@@ -97,9 +97,9 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
     """The hooks of this layer's kind, with that kind's shared terms."""
 
     def setup(self):
-      kinds = self.config.kinds()
+      kinds = self.settings.kinds()
       self.kind = kinds[self.layer_index % len(kinds)]
-      self.part = parts[self.kind].layer(**dict(module_fields(self), config=self.config.part(self.kind)))
+      self.part = parts[self.kind].layer(**dict(module_fields(self), settings=self.settings.part(self.kind)))
 
     def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
       return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk)

@@ -44,17 +44,17 @@ class Learned(StackPositions):
 
   def setup(self):
     self.table = self.param('table', nn.initializers.normal(stddev=0.02),
-                            (self.config.max_length, self.model_dim))
+                            (self.settings.max_length, self.model_dim))
 
   def embed(self, x_BxLxD, positions_BxL):
     chex.assert_rank(positions_BxL, 2)
-    check_length_fits(positions_BxL.shape[1], self.config.longest_sequence())
-    factor = self.config.interpolation_factor
+    check_length_fits(positions_BxL.shape[1], self.settings.longest_sequence())
+    factor = self.settings.interpolation_factor
     if factor == 1.0:
       return x_BxLxD + self.table[positions_BxL].astype(x_BxLxD.dtype)
     scaled_BxL = positions_BxL.astype(jnp.float32) / factor
     below_BxL = jnp.floor(scaled_BxL).astype(jnp.int32)
-    above_BxL = jnp.minimum(below_BxL + 1, self.config.max_length - 1)
+    above_BxL = jnp.minimum(below_BxL + 1, self.settings.max_length - 1)
     fraction_BxLx1 = (scaled_BxL - below_BxL)[..., None]
     rows = self.table[below_BxL] * (1.0 - fraction_BxLx1) + self.table[above_BxL] * fraction_BxLx1
     return x_BxLxD + rows.astype(x_BxLxD.dtype)

@@ -40,7 +40,7 @@ class NoneLayer(LayerPositions):
   """Leaves attention as it is, or scales queries by Llama 4's temperature."""
 
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
-    settings = self.config
+    settings = self.settings
     if settings.temperature_scale == 0.0:
       return query_BxLqxHxK, key_BxLkxHxK
     temperature_BxLqx1x1 = query_temperature(q_positions_BxLq, settings.temperature_scale,

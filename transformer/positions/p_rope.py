@@ -65,7 +65,7 @@ class PartialRope(RotaryLayer):
   """Rotates the first n pairs of queries and keys."""
 
   def frequencies(self, head_dim):
-    settings = self.config
+    settings = self.settings
     return partial_frequencies(head_dim, settings.rope_base, settings.rotary_fraction, settings.rotary_frequencies)
 
 

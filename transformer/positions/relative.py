@@ -46,11 +46,11 @@ def distance_axis(length_q: int, length_k: int, offset: chex.Array) -> chex.Arra
   return jnp.arange(length_q + length_k - 1, dtype=jnp.int32) - (length_q - 1) + jnp.asarray(offset, jnp.int32)
 
 
-def by_distance_to_by_key(x_NxLqxT: chex.Array, length_k: int) -> chex.Array:
+def by_distance_to_by_key(x_NxLqxLd: chex.Array, length_k: int) -> chex.Array:
   """out[..., i, j] = x[..., i, j - i + Lq - 1]: ... x Lq x (Lq + Lk - 1) -> ... x Lq x Lk."""
-  *leading, length_q, width = x_NxLqxT.shape
+  *leading, length_q, width = x_NxLqxLd.shape
   chex.assert_equal(width, length_q + length_k - 1)
-  padded = jnp.pad(x_NxLqxT, [(0, 0)] * (len(leading) + 1) + [(0, 1)])  # rows of Lq + Lk
+  padded = jnp.pad(x_NxLqxLd, [(0, 0)] * (len(leading) + 1) + [(0, 1)])  # rows of Lq + Lk
   flat = padded.reshape(*leading, length_q * (width + 1))
   # Row i of the result starts at flat index (Lq - 1) + i (Lq + Lk - 1) = i (Lq + Lk) + (Lq - 1 - i).
   window = flat[..., length_q - 1:length_q - 1 + length_q * width]

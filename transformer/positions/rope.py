@@ -84,30 +84,30 @@ class RotaryLayer(LayerPositions):
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     head_dim = query_BxLqxHxK.shape[-1]
     q_scale, k_scale = self.position_scales(q_positions_BxLq, k_positions_BxLk, head_dim)
-    if self.config.per_query():  # scaled only (xPos); logits() rotates
+    if self.settings.per_query():  # scaled only (xPos); logits() rotates
       if q_scale is None:
         return query_BxLqxHxK, key_BxLkxHxK
       theta_P, magnitude = jnp.zeros(head_dim // 2, jnp.float32), 1.0
     else:
-      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.config)
+      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings)
     return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
             rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale, magnitude))
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    if not self.config.per_query():
+    if not self.settings.per_query():
       return None
     return dynamic_ntk_logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk,
-                              self.frequencies(query_BxLqxHxK.shape[-1]), self.config.original_length, scale)
+                              self.frequencies(query_BxLqxHxK.shape[-1]), self.settings.original_length, scale)
 
   def kernel_serves(self):
-    return not self.config.per_query()  # dynamic NTK's per-query rotation is a logits term of q and k
+    return not self.settings.per_query()  # dynamic NTK's per-query rotation is a logits term of q and k
 
 
 class Rope(RotaryLayer):
   """Rotates queries and keys."""
 
   def frequencies(self, head_dim):
-    return rope_frequencies(head_dim, self.config.rope_base)
+    return rope_frequencies(head_dim, self.settings.rope_base)
 
 
 VARIANT = Variant(StackPositions, Rope, 'Su et al. 2021 (RoFormer)', RopeSettings, shift_invariant=True)

@@ -63,23 +63,23 @@ def shaw_values(weights_BxHxLqxLk, value_table_RxHxK, buckets_BxLqxLk) -> chex.A
 
 def distance_one_hot(length_q: int, length_k: int, offset, clip_distance: int) -> chex.Array:
   """one_hot[r, t] = 1 where clip(j - i + c, -k, k) + k = r along the distance axis t: (2k+1) x (Lq+Lk-1)."""
-  bucket_T = jnp.clip(distance_axis(length_q, length_k, offset), -clip_distance, clip_distance) + clip_distance
-  return (bucket_T[None, :] == jnp.arange(2 * clip_distance + 1)[:, None]).astype(jnp.float32)
+  bucket_Ld = jnp.clip(distance_axis(length_q, length_k, offset), -clip_distance, clip_distance) + clip_distance
+  return (bucket_Ld[None, :] == jnp.arange(2 * clip_distance + 1)[:, None]).astype(jnp.float32)
 
 
 def shaw_logits_consecutive(query_BxLqxHxK, key_table_RxHxK, length_k: int, offset, clip_distance: int):
   """shaw_logits for q_i = q_0 + i, k_j = q_0 + c + j: B x H x Lq x Lk, without a gather."""
   per_distance_BxHxLqxR = jnp.einsum('bqhk,rhk->bhqr', query_BxLqxHxK.astype(jnp.float32),
                                      key_table_RxHxK.astype(jnp.float32))
-  one_hot_RxT = distance_one_hot(query_BxLqxHxK.shape[1], length_k, offset, clip_distance)
-  return by_distance_to_by_key(jnp.einsum('bhqr,rt->bhqt', per_distance_BxHxLqxR, one_hot_RxT), length_k)
+  one_hot_RxLd = distance_one_hot(query_BxLqxHxK.shape[1], length_k, offset, clip_distance)
+  return by_distance_to_by_key(jnp.einsum('bhqr,rt->bhqt', per_distance_BxHxLqxR, one_hot_RxLd), length_k)
 
 
 def shaw_values_consecutive(weights_BxHxLqxLk, value_table_RxHxK, offset, clip_distance: int):
   """shaw_values for consecutive positions (offset c = k_0 - q_0): B x Lq x H x K, without a scatter."""
   _, _, length_q, length_k = weights_BxHxLqxLk.shape
-  one_hot_RxT = distance_one_hot(length_q, length_k, offset, clip_distance).astype(weights_BxHxLqxLk.dtype)
-  per_distance_BxHxLqxR = jnp.einsum('bhqt,rt->bhqr', by_key_to_by_distance(weights_BxHxLqxLk), one_hot_RxT)
+  one_hot_RxLd = distance_one_hot(length_q, length_k, offset, clip_distance).astype(weights_BxHxLqxLk.dtype)
+  per_distance_BxHxLqxR = jnp.einsum('bhqt,rt->bhqr', by_key_to_by_distance(weights_BxHxLqxLk), one_hot_RxLd)
   return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxR, value_table_RxHxK.astype(per_distance_BxHxLqxR.dtype))
 
 
@@ -87,11 +87,11 @@ def _pad_last(x, left: int, right: int):
   return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(left, right)])
 
 
-def shift_rows_right(z_NxLqxP: chex.Array, width: int) -> chex.Array:
+def shift_rows_right(z_NxLqxR: chex.Array, width: int) -> chex.Array:
   """out[..., i, c] = z[..., i, c - i], zero outside z: ... x Lq x width, by a pad and a reshape."""
-  *leading, length_q, columns = z_NxLqxP.shape
+  *leading, length_q, columns = z_NxLqxR.shape
   row = max(columns + length_q - 1, width + 1)  # a zero tail of Lq - 1 feeds the next rows' heads
-  flat = _pad_last(z_NxLqxP, 0, row - columns).reshape(*leading, length_q * row)
+  flat = _pad_last(z_NxLqxR, 0, row - columns).reshape(*leading, length_q * row)
   return flat[..., :length_q * (row - 1)].reshape(*leading, length_q, row - 1)[..., :width]
 
 
@@ -109,28 +109,28 @@ def band_table(table_RxHxK: chex.Array, clip_distance: int) -> chex.Array:
   return table_RxHxK[:clip_distance + 1] - table_RxHxK[:1]
 
 
-def band_logits_consecutive(query_BxLqxHxK, band_table_PxHxK, length_k: int, offset: int) -> chex.Array:
-  """q_i . a[j - i + k] for the P = k + 1 distances j - i in [-k, 0], zero elsewhere, for q_i = q_0 + i,
-  k_j = q_0 + c + j: B x H x Lq x Lk (unscaled). Row i is its P numbers shifted right by i, so the
+def band_logits_consecutive(query_BxLqxHxK, band_table_RxHxK, length_k: int, offset: int) -> chex.Array:
+  """q_i . a[j - i + k] for the R = k + 1 distances j - i in [-k, 0], zero elsewhere, for q_i = q_0 + i,
+  k_j = q_0 + c + j: B x H x Lq x Lk (unscaled). Row i is its R numbers shifted right by i, so the
   layout costs Lq x (Lk + 1) entries, not the Lq x (Lq + Lk - 1) of the whole distance axis."""
-  per_distance_BxHxLqxP = jnp.einsum('bqhk,rhk->bhqr', query_BxLqxHxK.astype(jnp.float32),
-                                     band_table_PxHxK.astype(jnp.float32))
+  per_distance_BxHxLqxR = jnp.einsum('bqhk,rhk->bhqr', query_BxLqxHxK.astype(jnp.float32),
+                                     band_table_RxHxK.astype(jnp.float32))
   # Entry r (distance r - k) belongs at key j = i + r - s, s = c + k.
-  shift = offset + band_table_PxHxK.shape[0] - 1
+  shift = offset + band_table_RxHxK.shape[0] - 1
   lead = max(shift, 0)
-  placed = _pad_last(per_distance_BxHxLqxP, lead - shift, 0)
+  placed = _pad_last(per_distance_BxHxLqxR, lead - shift, 0)
   return shift_rows_right(placed, lead + length_k)[..., lead:]
 
 
-def band_values_consecutive(weights_BxHxLqxLk, band_table_PxHxK, offset: int) -> chex.Array:
+def band_values_consecutive(weights_BxHxLqxLk, band_table_RxHxK, offset: int) -> chex.Array:
   """sum over keys at distances j - i in [-k, 0] of w_ij a[j - i + k]: B x Lq x H x K."""
-  num_distances = band_table_PxHxK.shape[0]
+  num_distances = band_table_RxHxK.shape[0]
   shift = offset + num_distances - 1
   lead = max(shift, 0)
-  per_distance_BxHxLqxP = shift_rows_left(_pad_last(weights_BxHxLqxLk, lead, 0),
+  per_distance_BxHxLqxR = shift_rows_left(_pad_last(weights_BxHxLqxLk, lead, 0),
                                           num_distances + lead - shift)[..., lead - shift:]
-  return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxP,
-                    band_table_PxHxK.astype(per_distance_BxHxLqxP.dtype))
+  return jnp.einsum('bhqr,rhk->bqhk', per_distance_BxHxLqxR,
+                    band_table_RxHxK.astype(per_distance_BxHxLqxR.dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +149,7 @@ class ShawBand:
 
   def __init__(self, layer: 'Shaw'):
     self.layer = layer
-    self.width = layer.config.clip_distance
+    self.width = layer.settings.clip_distance
 
   @staticmethod
   def _offset(q_positions_BxLq, k_positions_BxLk) -> int:
@@ -176,8 +176,8 @@ class Shaw(LayerPositions):
   """Owns this layer's a^K and a^V tables."""
 
   def setup(self):
-    heads = self.num_heads if self.config.per_head else 1
-    shape = (2 * self.config.clip_distance + 1, heads, self.head_dim)
+    heads = self.num_heads if self.settings.per_head else 1
+    shape = (2 * self.settings.clip_distance + 1, heads, self.head_dim)
     init = nn.initializers.normal(stddev=self.head_dim ** -0.5)
     self.key_table = self.param('key_table', init, shape)
     self.value_table = self.param('value_table', init, shape)
@@ -186,7 +186,7 @@ class Shaw(LayerPositions):
     return jnp.broadcast_to(table_RxHxK, (table_RxHxK.shape[0], self.num_heads, self.head_dim))
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    clip, table = self.config.clip_distance, self.per_head_table(self.key_table)
+    clip, table = self.settings.clip_distance, self.per_head_table(self.key_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     length_k = k_positions_BxLk.shape[1]
     term = consecutive_or_gathered(
@@ -198,7 +198,7 @@ class Shaw(LayerPositions):
     return True
 
   def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
-    clip, table = self.config.clip_distance, self.per_head_table(self.value_table)
+    clip, table = self.settings.clip_distance, self.per_head_table(self.value_table)
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     return consecutive_or_gathered(
         consecutive, lambda: shaw_values_consecutive(weights_BxHxLqxLk, table, offset, clip),

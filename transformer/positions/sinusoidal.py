@@ -46,9 +46,9 @@ class Sinusoidal(StackPositions):
   """x + PE(pos)."""
 
   def embed(self, x_BxLxD, positions_BxL):
-    factor = self.config.interpolation_factor
+    factor = self.settings.interpolation_factor
     positions = positions_BxL if factor == 1.0 else positions_BxL.astype(jnp.float32) / factor
-    encoding = sinusoidal_encoding(positions, x_BxLxD.shape[-1], self.config.sinusoidal_base)
+    encoding = sinusoidal_encoding(positions, x_BxLxD.shape[-1], self.settings.sinusoidal_base)
     return x_BxLxD + encoding.astype(x_BxLxD.dtype)
 
 

@@ -60,99 +60,99 @@ def t5_bucket(relative_position: chex.Array, *, bidirectional: bool, num_buckets
   return bucket + jnp.where(distance < num_exact, distance, log_bucket)
 
 
-def t5_bias(table_NxH: chex.Array, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
+def t5_bias(table_RxH: chex.Array, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
             max_distance: int) -> chex.Array:
   """b[bucket(j - i)] arranged as B x H x Lq x Lk. For consecutive positions the Lq + Lk - 1 distances
   are looked up and skewed into place (relative.py); otherwise an Lq x Lk gather."""
   consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
-  shape = (q_positions_BxLq.shape[0], table_NxH.shape[1], q_positions_BxLq.shape[1], k_positions_BxLk.shape[1])
+  shape = (q_positions_BxLq.shape[0], table_RxH.shape[1], q_positions_BxLq.shape[1], k_positions_BxLk.shape[1])
   return consecutive_or_gathered(
       consecutive,
-      lambda: jnp.broadcast_to(_t5_bias_consecutive(table_NxH, *shape[2:], offset, bidirectional=bidirectional,
+      lambda: jnp.broadcast_to(_t5_bias_consecutive(table_RxH, *shape[2:], offset, bidirectional=bidirectional,
                                                     max_distance=max_distance), shape),
-      lambda: jnp.broadcast_to(t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk,
+      lambda: jnp.broadcast_to(t5_bias_gathered(table_RxH, q_positions_BxLq, k_positions_BxLk,
                                                  bidirectional=bidirectional, max_distance=max_distance), shape))
 
 
-def _t5_bias_consecutive(table_NxH, length_q: int, length_k: int, offset, *, bidirectional: bool,
+def _t5_bias_consecutive(table_RxH, length_q: int, length_k: int, offset, *, bidirectional: bool,
                          max_distance: int) -> chex.Array:
   """1 x H x Lq x Lk from the Lq + Lk - 1 distances a consecutive block covers."""
-  num_buckets, num_heads = table_NxH.shape
-  buckets_T = t5_bucket(distance_axis(length_q, length_k, offset), bidirectional=bidirectional,
+  num_buckets, num_heads = table_RxH.shape
+  buckets_Ld = t5_bucket(distance_axis(length_q, length_k, offset), bidirectional=bidirectional,
                         num_buckets=num_buckets, max_distance=max_distance)
-  by_distance_HxT = jnp.transpose(table_NxH[buckets_T])
-  rows_HxLqxT = jnp.broadcast_to(by_distance_HxT[:, None], (num_heads, length_q, buckets_T.shape[0]))
-  return by_distance_to_by_key(rows_HxLqxT, length_k)[None]
+  by_distance_HxLd = jnp.transpose(table_RxH[buckets_Ld])
+  rows_HxLqxLd = jnp.broadcast_to(by_distance_HxLd[:, None], (num_heads, length_q, buckets_Ld.shape[0]))
+  return by_distance_to_by_key(rows_HxLqxLd, length_k)[None]
 
 
-def t5_bias_gathered(table_NxH, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
+def t5_bias_gathered(table_RxH, q_positions_BxLq, k_positions_BxLk, *, bidirectional: bool,
                       max_distance: int) -> chex.Array:
-  num_buckets, num_heads = table_NxH.shape
+  num_buckets, num_heads = table_RxH.shape
   buckets_BxLqxLk = t5_bucket(relative_positions(q_positions_BxLq, k_positions_BxLk),
                               bidirectional=bidirectional, num_buckets=num_buckets,
                               max_distance=max_distance)
-  bias_BxLqxLkxH = table_NxH[buckets_BxLqxLk]
+  bias_BxLqxLkxH = table_RxH[buckets_BxLqxLk]
   bias = jnp.transpose(bias_BxLqxLkxH, (0, 3, 1, 2))
   chex.assert_shape(bias, (buckets_BxLqxLk.shape[0], num_heads, *buckets_BxLqxLk.shape[1:]))
   return bias
 
 
-def t5_kernel_term(table_NxH: chex.Array, *, bidirectional: bool, max_distance: int) -> KernelTerm:
+def t5_kernel_term(table_RxH: chex.Array, *, bidirectional: bool, max_distance: int) -> KernelTerm:
   """b_h[bucket(j - i)] for a kernel: the bucket computed from the block's positions, the lookup a sum of
   selects over the table's num_buckets entries (a kernel has no gather)."""
-  num_buckets = table_NxH.shape[0]
+  num_buckets = table_RxH.shape[0]
 
-  def bias(parameters, q_positions_Bqx1, k_positions_1xBk):
-    buckets = t5_bucket(k_positions_1xBk - q_positions_Bqx1, bidirectional=bidirectional, num_buckets=num_buckets,
+  def bias(parameters, q_positions_bqx1, k_positions_1xbk):
+    buckets = t5_bucket(k_positions_1xbk - q_positions_bqx1, bidirectional=bidirectional, num_buckets=num_buckets,
                         max_distance=max_distance)
     term = jnp.zeros(buckets.shape, jnp.float32)
     for bucket, value in enumerate(parameters):
       term = term + jnp.where(buckets == bucket, value, 0.0)
     return term
-  return KernelTerm(bias, jnp.transpose(table_NxH))
+  return KernelTerm(bias, jnp.transpose(table_RxH))
 
 
 def _bias_table(module: nn.Module):
   return module.param('relative_bias', nn.initializers.normal(stddev=0.02),
-                      (module.config.num_buckets, module.num_heads))
+                      (module.settings.num_buckets, module.num_heads))
 
 
 def _bias(module: nn.Module, table, q_positions, k_positions):
   return t5_bias(table, q_positions, k_positions, bidirectional=not module.causal,
-                 max_distance=module.config.max_distance)
+                 max_distance=module.settings.max_distance)
 
 
 class T5Stack(StackPositions):
   """With shared_across_layers, owns the one table and builds the bias once per forward pass."""
 
   def setup(self):
-    if self.config.shared_across_layers:
+    if self.settings.shared_across_layers:
       self.table = _bias_table(self)
 
   def shared(self, q_positions_BxLq, k_positions_BxLk):
-    if not self.config.shared_across_layers:
+    if not self.settings.shared_across_layers:
       return None
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
 
   def kernel_shared(self):
-    return self.table if self.config.shared_across_layers else None
+    return self.table if self.settings.shared_across_layers else None
 
 
 class T5Layer(LayerPositions):
   """Adds the shared bias, or, without sharing, its own layer's bias."""
 
   def setup(self):
-    if not self.config.shared_across_layers:
+    if not self.settings.shared_across_layers:
       self.table = _bias_table(self)
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    if self.config.shared_across_layers:
+    if self.settings.shared_across_layers:
       return shared
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
 
   def kernel_term(self, kernel_shared):
-    table = kernel_shared if self.config.shared_across_layers else self.table
-    return t5_kernel_term(table, bidirectional=not self.causal, max_distance=self.config.max_distance)
+    table = kernel_shared if self.settings.shared_across_layers else self.table
+    return t5_kernel_term(table, bidirectional=not self.causal, max_distance=self.settings.max_distance)
 
   def kernel_serves(self):
     return True

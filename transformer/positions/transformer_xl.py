@@ -44,20 +44,20 @@ def _frequencies(dim: int, base: float) -> chex.Array:
   return base ** (-2.0 * jnp.arange(dim // 2, dtype=jnp.float32) / dim)
 
 
-def relative_sinusoid(distances_T: chex.Array, dim: int, base: float = 10000.0) -> chex.Array:
-  """R_t = [sin(t w_c) for c < D/2, cos(t w_c) for c < D/2]: T x D, float32."""
-  angle_TxC = distances_T.astype(jnp.float32)[:, None] * _frequencies(dim, base)
-  return jnp.concatenate([jnp.sin(angle_TxC), jnp.cos(angle_TxC)], axis=-1)
+def relative_sinusoid(distances_Ld: chex.Array, dim: int, base: float = 10000.0) -> chex.Array:
+  """R_t = [sin(t w_c) for c < D/2, cos(t w_c) for c < D/2]: Ld x D, float32."""
+  angle_LdxP = distances_Ld.astype(jnp.float32)[:, None] * _frequencies(dim, base)
+  return jnp.concatenate([jnp.sin(angle_LdxP), jnp.cos(angle_LdxP)], axis=-1)
 
 
 def position_term_consecutive(query_plus_v_BxLqxHxK, projection_DxHxK, length_k: int, offset, base: float):
   """(q_i + v) . W_R R_{i-j} for queries q_0 + i and keys q_0 + c + j: B x H x Lq x Lk, unscaled."""
   length_q = query_plus_v_BxLqxHxK.shape[1]
-  distances_T = -distance_axis(length_q, length_k, offset)  # i - j along the distance axis
-  relative_TxHxK = jnp.einsum('td,dhk->thk', relative_sinusoid(distances_T, projection_DxHxK.shape[0], base),
+  distances_Ld = -distance_axis(length_q, length_k, offset)  # i - j along the distance axis
+  relative_LdxHxK = jnp.einsum('td,dhk->thk', relative_sinusoid(distances_Ld, projection_DxHxK.shape[0], base),
                               projection_DxHxK)
-  by_distance_BxHxLqxT = jnp.einsum('bqhk,thk->bhqt', query_plus_v_BxLqxHxK, relative_TxHxK)
-  return by_distance_to_by_key(by_distance_BxHxLqxT, length_k)
+  by_distance_BxHxLqxLd = jnp.einsum('bqhk,thk->bhqt', query_plus_v_BxLqxHxK, relative_LdxHxK)
+  return by_distance_to_by_key(by_distance_BxHxLqxLd, length_k)
 
 
 def position_term_any(query_plus_v_BxLqxHxK, projection_DxHxK, q_positions_BxLq, k_positions_BxLk, base: float):
@@ -65,13 +65,13 @@ def position_term_any(query_plus_v_BxLqxHxK, projection_DxHxK, q_positions_BxLq,
   dim = projection_DxHxK.shape[0]
   through_projection_BxLqxHxD = jnp.einsum('bqhk,dhk->bqhd', query_plus_v_BxLqxHxK, projection_DxHxK)
   on_sines, on_cosines = jnp.split(through_projection_BxLqxHxD, 2, axis=-1)
-  frequencies_C = _frequencies(dim, base)
-  q_angle = (q_positions_BxLq.astype(jnp.float32)[..., None] * frequencies_C)[:, :, None, :]
-  k_angle_BxLkxC = k_positions_BxLk.astype(jnp.float32)[..., None] * frequencies_C
+  frequencies_P = _frequencies(dim, base)
+  q_angle = (q_positions_BxLq.astype(jnp.float32)[..., None] * frequencies_P)[:, :, None, :]
+  k_angle_BxLkxP = k_positions_BxLk.astype(jnp.float32)[..., None] * frequencies_P
   # a_s sin((i-j)w) + a_c cos((i-j)w) = cos(jw) [a_s sin(iw) + a_c cos(iw)] + sin(jw) [a_c sin(iw) - a_s cos(iw)]
   query_features = jnp.concatenate([on_sines * jnp.sin(q_angle) + on_cosines * jnp.cos(q_angle),
                                     on_cosines * jnp.sin(q_angle) - on_sines * jnp.cos(q_angle)], axis=-1)
-  key_features = jnp.concatenate([jnp.cos(k_angle_BxLkxC), jnp.sin(k_angle_BxLkxC)], axis=-1)
+  key_features = jnp.concatenate([jnp.cos(k_angle_BxLkxP), jnp.sin(k_angle_BxLkxP)], axis=-1)
   return jnp.einsum('bqhd,bkd->bhqk', query_features, jnp.broadcast_to(
       key_features, (query_features.shape[0], *key_features.shape[1:])))
 
@@ -88,11 +88,11 @@ class TransformerXLStack(StackPositions):
   them whole."""
 
   def setup(self):
-    if self.config.shared_across_layers:
+    if self.settings.shared_across_layers:
       self.content_bias, self.position_bias = _biases(self)
 
   def shared(self, q_positions_BxLq, k_positions_BxLk):
-    if not self.config.shared_across_layers:
+    if not self.settings.shared_across_layers:
       return None
     return self.content_bias[..., None, None], self.position_bias[..., None, None]
 
@@ -103,18 +103,18 @@ class TransformerXLLayer(LayerPositions):
   def setup(self):
     self.projection = self.param('relative_projection', nn.initializers.xavier_uniform(),
                                  (self.model_dim, self.num_heads * self.head_dim))
-    if not self.config.shared_across_layers:
+    if not self.settings.shared_across_layers:
       self.content_bias, self.position_bias = _biases(self)
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    if self.config.shared_across_layers:
+    if self.settings.shared_across_layers:
       content_bias_HxK, position_bias_HxK = (bias[..., 0, 0] for bias in shared)
     else:
       content_bias_HxK, position_bias_HxK = self.content_bias, self.position_bias
     content_BxHx1xLk = jnp.einsum('bkhd,hd->bhk', key_BxLkxHxK.astype(jnp.float32), content_bias_HxK)[:, :, None]
     query_plus_v = query_BxLqxHxK.astype(jnp.float32) + position_bias_HxK
     projection_DxHxK = self.projection.reshape(self.model_dim, self.num_heads, self.head_dim)
-    base = self.config.sinusoidal_base
+    base = self.settings.sinusoidal_base
     consecutive, offset = contiguous_offset(q_positions_BxLq, k_positions_BxLk)
     position_BxHxLqxLk = consecutive_or_gathered(
         consecutive,

@@ -71,9 +71,9 @@ class TupeStack(StackPositions):
   """Owns the absolute table (if learned), LN and U^Q, U^K; builds the term once per forward pass."""
 
   def setup(self):
-    if self.config.absolute_table == 'learned':
+    if self.settings.absolute_table == 'learned':
       self.table = self.param('table', nn.initializers.normal(stddev=0.02),
-                              (self.config.max_length, self.model_dim))
+                              (self.settings.max_length, self.model_dim))
     self.norm_scale = self.param('norm_scale', nn.initializers.ones, (self.model_dim,))
     self.norm_offset = self.param('norm_offset', nn.initializers.zeros, (self.model_dim,))
     init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', in_axis=0, out_axis=(1, 2))
@@ -85,15 +85,15 @@ class TupeStack(StackPositions):
 
   @property
   def _resets_cls(self) -> bool:
-    return self.has_cls and self.config.cls_reset
+    return self.has_cls and self.settings.cls_reset
 
   def absolute(self, positions_BxL) -> chex.Array:
     """LN(p_i): B x L x D."""
-    if self.config.absolute_table == 'learned':
-      check_length_fits(positions_BxL.shape[1], self.config.max_length, "TUPE's learned table")
+    if self.settings.absolute_table == 'learned':
+      check_length_fits(positions_BxL.shape[1], self.settings.max_length, "TUPE's learned table")
       p = self.table[positions_BxL]
     else:
-      p = sinusoidal_encoding(positions_BxL, self.model_dim, self.config.sinusoidal_base)
+      p = sinusoidal_encoding(positions_BxL, self.model_dim, self.settings.sinusoidal_base)
     return layer_norm(p, self.norm_scale, self.norm_offset)
 
   def shared(self, q_positions_BxLq, k_positions_BxLk):

@@ -66,10 +66,10 @@ class Xpos(RotaryLayer):
   """Rotates queries and keys as RoPE, and scales them by zeta^(+-(position - c) / gamma)."""
 
   def frequencies(self, head_dim):
-    return rope_frequencies(head_dim, self.config.rope_base)
+    return rope_frequencies(head_dim, self.settings.rope_base)
 
   def position_scales(self, q_positions_BxLq, k_positions_BxLk, head_dim):
-    settings = self.config
+    settings = self.settings
     return (xpos_scale(q_positions_BxLq, head_dim, settings.xpos_scale_base, settings.xpos_center),
             xpos_scale(k_positions_BxLk, head_dim, settings.xpos_scale_base, settings.xpos_center, sign=-1.0))
 
