@@ -218,7 +218,8 @@ CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t 
 @pytest.mark.parametrize('name,make', CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_every_config_trains_end_to_end(tmp_path, name, make):
   config = make()
-  changes = {'model.model_dim': 32, 'model.feed_forward_dim': 64}
+  changes = {'model.model_dim': 32, 'model.feed_forward_dim': 64, 'model.num_encoder_layers': 1,
+             'model.num_decoder_layers': 1, 'task.eval_lengths': tuple(config.task.eval_lengths[:2])}
   if name == 'shakespeare.py':
     changes.update({'task.max_length': 32, 'task.eval_lengths': (32, 64)})
   experiment = _quick(config, **changes)
