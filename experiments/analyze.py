@@ -66,6 +66,29 @@ def _decoder_params(params, kind):
   return params['decoder'] if kind != 'encoder_only' else params['encoder']
 
 
+def _restore():
+  """The run's model config, task, input batch, parameters and the note on its attention core; refuses
+  a run without attention and an input its position table cannot hold."""
+  config, task = checkpoints.run_model(_WORKDIR.value)
+  if config.architecture != 'transformer':
+    raise ValueError(f'--workdir: a {config.architecture} run has no attention to look inside; valid: a '
+                     f'transformer run')
+  if _TEXT.value is not None and task.settings.name != 'shakespeare':
+    raise ValueError(f'--text: a {task.settings.name} run; valid: --text with a character-level language model '
+                     f'run (shakespeare), --length otherwise')
+  length = len(_TEXT.value) + 1 if _TEXT.value is not None else task.sequence_length(
+      _LENGTH.value or task.settings.max_length)
+  rows = config.position.settings.longest_sequence()
+  if rows is not None and length > rows:
+    flag = 'text' if _TEXT.value is not None else 'length'
+    raise ValueError(f'--{flag}: a sequence of {length}, beyond the {rows} positions of the {config.position.kind} '
+                     f'table; valid: at most {rows}')
+  batch = _input(task)
+  config, note = checkpoints.core_for(config, weights=True)
+  params = checkpoints.restore_params(_WORKDIR.value, checkpoints.newest_intact_step(_WORKDIR.value))
+  return config, task, batch, params, note
+
+
 def main(argv):
   del argv
   if not _WORKDIR.value:
@@ -74,39 +97,31 @@ def main(argv):
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   try:
-    config, task = checkpoints.run_model(_WORKDIR.value)
-    kind = task.settings.model_kind
-    if config.architecture != 'transformer':
-      raise ValueError(f'--workdir: a {config.architecture} run has no attention to look inside; valid: a '
-                       f'transformer run')
-    if _TEXT.value is not None and task.settings.name != 'shakespeare':
-      raise ValueError(f'--text: a {task.settings.name} run; valid: --text with a character-level language model '
-                       f'run (shakespeare), --length otherwise')
-    length = len(_TEXT.value) + 1 if _TEXT.value is not None else task.sequence_length(
-        _LENGTH.value or task.settings.max_length)
-    rows = config.position.settings.longest_sequence()
-    if rows is not None and length > rows:
-      flag = 'text' if _TEXT.value is not None else 'length'
-      raise ValueError(f'--{flag}: a sequence of {length}, beyond the {rows} positions of the {config.position.kind} '
-                       f'table; valid: at most {rows}')
-    batch = _input(task)
-    config, note = checkpoints.core_for(config, weights=True)
-    params = checkpoints.restore_params(_WORKDIR.value, checkpoints.newest_intact_step(_WORKDIR.value))
+    config, task, batch, params, note = _restore()
   except (OSError, KeyError, ValueError) as error:
     cli.fail(str(error))
   if note:
     print(note)
   output = os.path.join(_WORKDIR.value, 'analysis')
   os.makedirs(output, exist_ok=True)
-  model = transformer.build_model(config, kind)
+  kind = task.settings.model_kind
+  figures = [_attention_maps(config, task, kind, batch, params, plt)]
+  figures += _position_terms(config, kind, batch['inputs'].shape[1], params, plt)
+  if config.position.kind in ('sinusoidal', 'learned') and kind == 'decoder_only':
+    figures.append(('decomposition.png', _decomposition(config, kind, batch, params, plt)))
+  figures.append(('sinusoidal_table.png', _sinusoidal_table(config, batch['inputs'].shape[1], plt)))
+  figures.append(('sqrt_dk.png', _sqrt_dk(plt)))
+  print('\n'.join(_save(figure, output, name, plt) for name, figure in figures))
 
+
+def _attention_maps(config, task, kind, batch, params, plt):
+  """Every layer's and head's self-attention weights for the first input, sown by the layers."""
+  model = transformer.build_model(config, kind)
   args, kwargs = task.model_inputs(batch)
   _, state = model.apply({'params': params}, *args, mutable=['intermediates'], **kwargs)
   stack = state['intermediates']['decoder' if kind != 'encoder_only' else 'encoder']
   maps = [np.asarray(stack[f'layer_{i}']['self_attention']['attention_weights'][0][0])
           for i in range(len([k for k in stack if k.startswith('layer_')]))]
-  written = []
-
   figure, axes = plt.subplots(len(maps), config.num_heads, figsize=(2.6 * config.num_heads, 2.6 * len(maps)),
                               squeeze=False)
   for layer, weights in enumerate(maps):
@@ -116,18 +131,22 @@ def main(argv):
       axes[layer, head].set_xticks([])
       axes[layer, head].set_yticks([])
   figure.suptitle(f'self-attention weights ({config.position.kind}); rows: queries, columns: keys')
-  written.append(_save(figure, output, 'attention_maps.png', plt))
+  return 'attention_maps.png', figure
 
-  length = batch['inputs'].shape[1]
+
+def _position_terms(config, kind, length, params, plt):
+  """(name, figure) per additive position term of the stack's shared hooks: one per kind of a pattern."""
   positions = jnp.arange(length)[None]
   position_params = _decoder_params(params, kind).get('position')
-  hooks = config.position.variant.stack(settings=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
-                        model_dim=config.model_dim, num_layers=1, causal=kind != 'encoder_only')
+  hooks = config.position.variant.stack(settings=config.position.settings, num_heads=config.num_heads,
+                                        head_dim=config.head_dim, model_dim=config.model_dim, num_layers=1,
+                                        causal=kind != 'encoder_only')
   shared = hooks.apply({'params': position_params or {}}, positions, positions, method='shared')
-  terms = {}  # label -> the sum of the B x H x Lq x Lk terms added to the logits (a pattern has one per kind)
+  terms = {}  # label -> the sum of the B x H x Lq x Lk terms added to the logits
   for path, term in jax.tree_util.tree_flatten_with_path(shared)[0]:
     if np.ndim(term) == 4:
       terms[_term_label(path)] = terms.get(_term_label(path), 0) + np.asarray(term)[0]
+  figures = []
   for label, total in terms.items():
     figure, axes = plt.subplots(1, total.shape[0], figsize=(3 * total.shape[0], 3), squeeze=False)
     for head in range(total.shape[0]):
@@ -135,27 +154,33 @@ def main(argv):
       axes[0, head].set_title(f'head {head}', fontsize=8)
       figure.colorbar(image, ax=axes[0, head], fraction=0.046)
     figure.suptitle(f'{config.position.kind}{label}: position term added to the logits (query i, key j)')
-    written.append(_save(figure, output, f'position_terms{label.replace(" ", "_")}.png', plt))
+    figures.append((f'position_terms{label.replace(" ", "_")}.png', figure))
+  return figures
 
-  if config.position.kind in ('sinusoidal', 'learned') and kind == 'decoder_only':
-    words = params['embedding']['embedding']['embedding'][batch['inputs'][0]] * math.sqrt(config.model_dim)
-    if config.position.kind == 'sinusoidal':
-      absolute = transformer.positions.sinusoidal_table(length, config.model_dim)
-    else:
-      absolute = position_params['table'][:length]
-    attention = _decoder_params(params, kind)['layer_0']['self_attention']
-    wq, wk = attention['query']['kernel'], attention['key']['kernel']
-    parts = {'word-word': (words, words), 'word-position': (words, absolute),
-             'position-word': (absolute, words), 'position-position': (absolute, absolute)}
-    figure, axes = plt.subplots(1, 4, figsize=(13, 3.4))
-    for axis, (name, (left, right)) in zip(axes, parts.items()):
-      term = (left @ wq) @ (right @ wk).T / math.sqrt(config.head_dim * config.num_heads)
-      image = axis.imshow(np.asarray(term), cmap='coolwarm')
-      axis.set_title(name)
-      figure.colorbar(image, ax=axis, fraction=0.046)
-    figure.suptitle('first layer logits (x_i = w_i + p_i), the four terms, all heads together')
-    written.append(_save(figure, output, 'decomposition.png', plt))
 
+def _decomposition(config, kind, batch, params, plt):
+  """The first layer's logits of x_i = w_i + p_i split into its four terms (Ke et al.'s figure)."""
+  length = batch['inputs'].shape[1]
+  words = params['embedding']['embedding']['embedding'][batch['inputs'][0]] * math.sqrt(config.model_dim)
+  if config.position.kind == 'sinusoidal':
+    absolute = transformer.positions.sinusoidal_table(length, config.model_dim)
+  else:
+    absolute = _decoder_params(params, kind)['position']['table'][:length]
+  attention = _decoder_params(params, kind)['layer_0']['self_attention']
+  wq, wk = attention['query']['kernel'], attention['key']['kernel']
+  parts = {'word-word': (words, words), 'word-position': (words, absolute),
+           'position-word': (absolute, words), 'position-position': (absolute, absolute)}
+  figure, axes = plt.subplots(1, 4, figsize=(13, 3.4))
+  for axis, (name, (left, right)) in zip(axes, parts.items()):
+    term = (left @ wq) @ (right @ wk).T / math.sqrt(config.head_dim * config.num_heads)
+    image = axis.imshow(np.asarray(term), cmap='coolwarm')
+    axis.set_title(name)
+    figure.colorbar(image, ax=axis, fraction=0.046)
+  figure.suptitle('first layer logits (x_i = w_i + p_i), the four terms, all heads together')
+  return figure
+
+
+def _sinusoidal_table(config, length, plt):
   table = transformer.positions.sinusoidal_table(max(length, 64), config.model_dim)
   figure, axis = plt.subplots(figsize=(6, 4))
   image = axis.imshow(np.asarray(table).T, aspect='auto', cmap='RdBu')
@@ -163,8 +188,10 @@ def main(argv):
   axis.set_ylabel('dimension')
   figure.colorbar(image, ax=axis)
   axis.set_title('sinusoidal encoding PE(pos, dim)')
-  written.append(_save(figure, output, 'sinusoidal_table.png', plt))
+  return figure
 
+
+def _sqrt_dk(plt):
   stats = sqrt_dk_statistics()
   figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
   for name, style in (('unscaled', 'o-'), ('scaled', 's-')):
@@ -177,8 +204,7 @@ def main(argv):
   for axis in (left, right):
     axis.legend()
     axis.grid(alpha=0.3)
-  written.append(_save(figure, output, 'sqrt_dk.png', plt))
-  print('\n'.join(written))
+  return figure
 
 
 def _term_label(path) -> str:

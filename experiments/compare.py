@@ -184,8 +184,9 @@ def refusals(sweep: str, resolved: dict) -> list[str]:
   return lines
 
 
-def main(argv):
-  del argv
+def _checked_sweep():
+  """The sweep's rows, each run's resolved configuration and the overrides the children get, after every refusal of the flags and of what
+  the workdir already holds (before anything is written)."""
   if _CONFIG.value is None or not _WORKDIR.value:
     cli.fail('--config and --workdir are required, e.g. --config=configs/algorithmic.py:copy --workdir=runs/copy')
   if _SEEDS.value < 1:
@@ -199,7 +200,6 @@ def main(argv):
   if _REFERENCE.value is not None and _REFERENCE.value not in rows:
     cli.fail(f'--reference: got {_REFERENCE.value!r}; valid: one of the sweep\'s rows, {", ".join(rows)}')
   overrides = child_overrides(_CONFIG.value, sys.argv)
-  config_file = cli.config_argument(sys.argv)
   try:
     settings.check_workdir(_WORKDIR.value)
   except settings.ConfigError as error:
@@ -210,25 +210,55 @@ def main(argv):
     for line in lines:
       print(f'error: {line}', file=sys.stderr)
     sys.exit(2)
+  return rows, resolved, overrides
 
+
+def _run_directory(row, seed):
+  return os.path.join(_WORKDIR.value, results.run_name(row, seed))
+
+
+def _train_command(row, seeds, overrides):
+  """The train command of one program: one seed, or several in one program (workdir with {seed})."""
+  workdir = _run_directory(row, '{seed}') if len(seeds) > 1 else _run_directory(row, seeds[0])
+  return [sys.executable, '-m', 'experiments.train', f'--config={cli.config_argument(sys.argv)}',
+          f'--workdir={workdir}', *overrides, *row_flags(row, seeds[0], len(seeds))]
+
+
+def _train_programs(planned, overrides, resolved, failures, stop, started):
+  """Runs each planned program in turn and records its runs' failures; exits on a stop request."""
+  for index, (row, group) in enumerate(planned):
+    names = [results.run_name(row, seed) for seed in group]
+    prefix = f'[program {index + 1}/{len(planned)}] {", ".join(names)}'
+    logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
+    outcomes = run_one(_train_command(row, group, overrides), [_run_directory(row, seed) for seed in group], stop)
+    if stop.requested:
+      logging.warning('%s received: %s stopped at %s checkpoint; rerun the same command to resume',
+                      stop.requested, ', '.join(names), 'its' if len(names) == 1 else 'their')
+      sys.exit(0)
+    for name, seed in zip(names, group):
+      outcome, error = outcomes[_run_directory(row, seed)]
+      if outcome == 'ok' and not run_record.is_finished(_run_directory(row, seed), resolved[name]):
+        outcome, error = 'failed', 'the run finished, but its stored configuration is not the one requested'
+      if outcome == 'ok':
+        failures.pop(name, None)
+      else:
+        failures[name] = error
+        logging.warning('%s: FAILED: %s', name, error)
+    results.write_failures(_WORKDIR.value, failures)
+
+
+def main(argv):
+  del argv
+  rows, resolved, overrides = _checked_sweep()
   runs = [(row, seed) for row in rows for seed in range(_SEEDS.value)]
-
-  def run_directory(row, seed):
-    return os.path.join(_WORKDIR.value, results.run_name(row, seed))
-
-  def train_command(row, seeds):
-    workdir = run_directory(row, '{seed}') if len(seeds) > 1 else run_directory(row, seeds[0])
-    return [sys.executable, '-m', 'experiments.train', f'--config={config_file}', f'--workdir={workdir}',
-            *overrides, *row_flags(row, seeds[0], len(seeds))]
-
   unfinished = [(row, seed) for row, seed in runs if not run_record.is_finished(
-      run_directory(row, seed), resolved[results.run_name(row, seed)])]
+      _run_directory(row, seed), resolved[results.run_name(row, seed)])]
   planned = [(row, group) for row in rows for group in programs(
       row, [seed for r, seed in unfinished if r == row], _WORKDIR.value, _VMAP_SEEDS.value)]
   if _LAUNCHER.value == 'slurm' and unfinished and not _COLLECT.value:
     names = [results.run_name(row, seed) for row, seed in unfinished]
     try:
-      job = slurm.submit(_WORKDIR.value, [train_command(row, group) for row, group in planned], names,
+      job = slurm.submit(_WORKDIR.value, [_train_command(row, group, overrides) for row, group in planned], names,
                          shlex.split(_SLURM_OPTIONS.value))
     except slurm.SubmissionError as error:
       cli.fail(str(error))
@@ -244,25 +274,7 @@ def main(argv):
         logging.info('[%d/%d] %s: finished earlier with this configuration, skipped', index + 1, len(runs),
                      results.run_name(row, seed))
         failures.pop(results.run_name(row, seed), None)
-    for index, (row, group) in enumerate(planned if not _COLLECT.value else []):
-      names = [results.run_name(row, seed) for seed in group]
-      prefix = f'[program {index + 1}/{len(planned)}] {", ".join(names)}'
-      logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
-      outcomes = run_one(train_command(row, group), [run_directory(row, seed) for seed in group], stop)
-      if stop.requested:
-        logging.warning('%s received: %s stopped at %s checkpoint; rerun the same command to resume',
-                        stop.requested, ', '.join(names), 'its' if len(names) == 1 else 'their')
-        sys.exit(0)
-      for name, seed in zip(names, group):
-        outcome, error = outcomes[run_directory(row, seed)]
-        if outcome == 'ok' and not run_record.is_finished(run_directory(row, seed), resolved[name]):
-          outcome, error = 'failed', 'the run finished, but its stored configuration is not the one requested'
-        if outcome == 'ok':
-          failures.pop(name, None)
-        else:
-          failures[name] = error
-          logging.warning('%s: FAILED: %s', name, error)
-      results.write_failures(_WORKDIR.value, failures)
+    _train_programs(planned if not _COLLECT.value else [], overrides, resolved, failures, stop, started)
     try:
       table = results.aggregate(_WORKDIR.value, rows, _SEEDS.value, expected=resolved)
     except results.ResultsError as error:
@@ -282,7 +294,6 @@ def main(argv):
                     ', '.join(results.run_name(row, seed) for row, seed in unfinished), ', '.join(written))
     sys.exit(1)
   logging.info('sweep done in %.0f s; wrote %s', time.time() - started, ', '.join(written))
-
 
 if __name__ == '__main__':
   cli.run(main)

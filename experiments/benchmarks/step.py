@@ -125,21 +125,52 @@ def run_row(variant: str, length: int) -> dict:
 def main(argv):
   del argv
   if _ROW.value:
-    variant, length = _ROW.value.split(':')
-    if _PEER_ROW.value:
-      from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
-      row = peer.run_peer_row(variant, int(length), _BATCH.value, _STEPS.value, _WARMUP.value,
-                              fused=_PEER_ROW.value == 'fused', vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value,
-                              num_layers=_LAYERS.value, num_heads=_HEADS.value, feed_forward_dim=_FF.value,
-                              compute_dtype=_DTYPE.value)
-      row['model_flops_per_second'] = model_flops_per_step(
-          row['parameters'], _LAYERS.value, _MODEL_DIM.value, int(length), _BATCH.value) / row['step_seconds_median']
-    else:
-      row = run_row(variant, int(length))
-    # the yardstick: stated, or measured beside the row's steps
-    row['matmul_peak_flops'] = _PEAK.value or matmul_peak(dtype=_DTYPE.value)
-    print(json.dumps(row))
+    print(json.dumps(_child_row()))
     return
+  variants, lengths = _checked_flags()
+  rows, peer_rows = [], []
+  for length in lengths:
+    for variant in variants:
+      rows.append(_measure(variant, length))
+      if _PEER.value and variant in _peer().PEER_VARIANTS:  # alternating: ours, then theirs, per row
+        for setting in ('unfused',) if variant in _peer().PEER_UNFUSABLE else ('unfused', 'fused'):
+          peer_rows.append(_measure(variant, length, setting))
+  _print_table(rows, peer_rows)
+  if peer_rows:
+    print_peer_table(rows, peer_rows)
+  if _JSON.value:
+    from experiments.shared.files import write_json_atomically  # pylint: disable=g-import-not-at-top
+    write_json_atomically(_JSON.value, dict(compute_dtype=_DTYPE.value, remat=_REMAT.value,
+                                            attention_implementation=_IMPLEMENTATION.value, peak_flops=_PEAK.value,
+                                            attention_block_size=_BLOCK.value,
+                                            attention_key_block_size=_KEY_BLOCK.value, rows=rows,
+                                            peer_rows=peer_rows), allow_nan=True)  # NaN: no baseline row
+
+
+def _peer():
+  from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top  (needs torch)
+  return peer
+
+
+def _child_row() -> dict:
+  """--row=VARIANT:LENGTH: one row measured in this process (ours, or x-transformers' with --peer_row)."""
+  variant, length = _ROW.value.split(':')
+  if _PEER_ROW.value:
+    row = _peer().run_peer_row(variant, int(length), _BATCH.value, _STEPS.value, _WARMUP.value,
+                               fused=_PEER_ROW.value == 'fused', vocab_size=_VOCAB.value,
+                               model_dim=_MODEL_DIM.value, num_layers=_LAYERS.value, num_heads=_HEADS.value,
+                               feed_forward_dim=_FF.value, compute_dtype=_DTYPE.value)
+    row['model_flops_per_second'] = model_flops_per_step(
+        row['parameters'], _LAYERS.value, _MODEL_DIM.value, int(length), _BATCH.value) / row['step_seconds_median']
+  else:
+    row = run_row(variant, int(length))
+  # the yardstick: stated, or measured beside the row's steps
+  row['matmul_peak_flops'] = _PEAK.value or matmul_peak(dtype=_DTYPE.value)
+  return row
+
+
+def _checked_flags() -> tuple[list, list]:
+  """The variants and lengths of the sweep, after every refusal of the flags."""
   import transformer  # pylint: disable=g-import-not-at-top
   variants = list(transformer.VARIANTS) if _POSITIONS.value == 'all' else _POSITIONS.value.split(',')
   unknown = [v for v in variants if v not in transformer.VARIANTS]
@@ -156,35 +187,33 @@ def main(argv):
   if _MODEL_DIM.value % _HEADS.value:
     cli.fail(f'--num_heads: got {_HEADS.value}; valid: a divisor of --model_dim={_MODEL_DIM.value}')
   if _PEER.value:
-    from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
-    if not peer.peer_available():
-      cli.fail(peer.INSTALL_HINT)
+    if not _peer().peer_available():
+      cli.fail(_peer().INSTALL_HINT)
     if _REMAT.value:
       cli.fail('--peer compares the step without rematerialisation; drop --remat')
+  return variants, lengths
+
+
+def _measure(variant: str, length: int, peer_setting: str | None = None) -> dict:
+  """One row, measured in a fresh process with this command's flags."""
   passthrough = [a for a in sys.argv[1:] if not a.startswith(('--positions', '--lengths', '--json', '--peer'))]
+  command = [sys.executable, '-m', 'experiments.benchmark', 'step', f'--row={variant}:{length}', *passthrough]
+  implementation = 'ours'
+  if peer_setting:
+    command.append(f'--peer_row={peer_setting}')
+    implementation = 'x-transformers' + (' attn_flash' if peer_setting == 'fused' else '')
+  result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
+  if result.returncode != 0:
+    return dict(variant=variant, length=length, implementation=implementation,
+                error=(result.stderr.strip().splitlines() or ['no output'])[-1])
+  row = json.loads(result.stdout.strip().splitlines()[-1])
+  row.setdefault('implementation', implementation)
+  row['model_flops_utilisation'] = row['model_flops_per_second'] / row['matmul_peak_flops']
+  return row
 
-  def measure(variant: str, length: int, peer_setting: str | None = None) -> dict:
-    command = [sys.executable, '-m', 'experiments.benchmark', 'step', f'--row={variant}:{length}', *passthrough]
-    implementation = 'ours'
-    if peer_setting:
-      command.append(f'--peer_row={peer_setting}')
-      implementation = 'x-transformers' + (' attn_flash' if peer_setting == 'fused' else '')
-    result = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
-    if result.returncode != 0:
-      return dict(variant=variant, length=length, implementation=implementation,
-                  error=(result.stderr.strip().splitlines() or ['no output'])[-1])
-    row = json.loads(result.stdout.strip().splitlines()[-1])
-    row.setdefault('implementation', implementation)
-    row['model_flops_utilisation'] = row['model_flops_per_second'] / row['matmul_peak_flops']
-    return row
 
-  rows, peer_rows = [], []
-  for length in lengths:
-    for variant in variants:
-      rows.append(measure(variant, length))
-      if _PEER.value and variant in peer.PEER_VARIANTS:  # alternating: ours, then theirs, per row
-        for setting in ('unfused',) if variant in peer.PEER_UNFUSABLE else ('unfused', 'fused'):
-          peer_rows.append(measure(variant, length, setting))
+def _print_table(rows: list, peer_rows: list) -> None:
+  """The table of our rows, each step time also as a ratio to none's at that length."""
   header = (f'{"variant":<11} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
             f'{"MFU":>6} {"of GFLOP/s":>10} {"vs none":>7} {"peak MiB":>9}')
   peaks = [r['matmul_peak_flops'] for r in rows + peer_rows if 'error' not in r]
@@ -207,15 +236,6 @@ def main(argv):
           f'{1e3 * row["step_seconds_max"]:.0f}) {row["tokens_per_second"]:>9.0f} '
           f'{100 * row["model_flops_utilisation"]:>5.1f}% {row["matmul_peak_flops"] / 1e9:>10.1f} {ratio:>6.2f}x '
           f'{row["peak_memory_bytes"] / 2**20:>9.0f}')
-  if peer_rows:
-    print_peer_table(rows, peer_rows)
-  if _JSON.value:
-    from experiments.shared.files import write_json_atomically  # pylint: disable=g-import-not-at-top
-    write_json_atomically(_JSON.value, dict(compute_dtype=_DTYPE.value, remat=_REMAT.value,
-                                            attention_implementation=_IMPLEMENTATION.value, peak_flops=_PEAK.value,
-                                            attention_block_size=_BLOCK.value,
-                                            attention_key_block_size=_KEY_BLOCK.value, rows=rows,
-                                            peer_rows=peer_rows), allow_nan=True)  # NaN: no baseline row
 
 
 def print_peer_table(rows: list, peer_rows: list) -> None:

@@ -138,8 +138,20 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     raise ConfigError(f'seed: got {seed}; valid: an integer in [0, {MAX_SEED}] (JAX seeds are 32-bit)')
   parallel = _check_type('parallel', config.parallel, str)
   _one_of('parallel', parallel, PARALLEL_MODES)
+  task = _task_settings(config.task)
+  train = _train_settings(config.train, num_devices)
+  task_object = TASKS[task.name](task)
+  problem = task_object.validate()
+  if problem:
+    raise ConfigError(problem)
+  model = _model_config(config.model, task_object)
+  _check_lengths(task, task_object, model)
+  return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
 
-  task = TaskSettings(**_section(config.task, 'task.', TaskSettings))
+
+def _task_settings(section) -> TaskSettings:
+  """The task section, each field checked."""
+  task = TaskSettings(**_section(section, 'task.', TaskSettings))
   _one_of('task.name', task.name, sorted(TASKS))
   _one_of('task.model_kind', task.model_kind, TASKS[task.name].model_kinds)
   for name in ('vocab_size', 'min_length', 'max_length', 'eval_batches', 'horizon', 'patch_length'):
@@ -155,8 +167,12 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   if repeated:
     raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}, which repeats {repeated}; valid: each '
                       f'length once')
+  return task
 
-  train = TrainSettings(**_section(config.train, 'train.', TrainSettings))
+
+def _train_settings(section, num_devices: int) -> TrainSettings:
+  """The train section, each field checked; the global batch must split over the devices."""
+  train = TrainSettings(**_section(section, 'train.', TrainSettings))
   for name in ('steps', 'batch_size', 'learning_rate', 'log_every', 'eval_every', 'checkpoint_every',
                'keep_checkpoints'):
     _positive(f'train.{name}', getattr(train, name))
@@ -178,14 +194,14 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   if train.batch_size % num_devices:
     raise ConfigError(f'train.batch_size: got {train.batch_size}; valid: a multiple of the device count '
                       f'{num_devices} (the global batch is split evenly over devices)')
+  return train
 
-  task_object = TASKS[task.name](task)
-  problem = task_object.validate()
-  if problem:
-    raise ConfigError(problem)
+
+def _model_config(section, task_object) -> transformer.ModelConfig:
+  """The model's config, with the task's vocabulary and fields; the library's refusals named model.FIELD."""
   try:
-    position = _position(config.model.position)
-    model_fields = _section(config.model, 'model.', transformer.ModelConfig,
+    position = _position(section.position)
+    model_fields = _section(section, 'model.', transformer.ModelConfig,
                             skip=('position', 'vocab_size', 'num_outputs', 'input_features',
                                   'aligned_cross_attention'))
     model = transformer.ModelConfig(position=position, vocab_size=task_object.vocab_size,
@@ -194,7 +210,13 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     raise
   except ValueError as error:  # the library names the field without the section
     raise ConfigError(f'model.{error}') from None
+  return model
 
+
+def _check_lengths(task: TaskSettings, task_object, model) -> None:
+  """The variant takes the attention it gets, and the positions of the longest sequence trained or
+  evaluated."""
+  position = model.position
   for causal in CAUSAL_STACKS[task.model_kind] if model.architecture == 'transformer' else ():
     try:
       position.check_attention(model.num_heads, model.head_dim, causal)
@@ -216,7 +238,6 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     raise ConfigError(f'model.position.max_length: got {rows}; valid: at least {longest}, the longest '
                       f'sequence of task.eval_lengths={task.eval_lengths} ({position.kind} positions cannot '
                       f'extrapolate)')
-  return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
 
 
 def evaluation_width_cap(experiment: Experiment) -> Optional[int]:

@@ -146,17 +146,24 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
   mean over seeds with its 95% Student-t interval; with a reference variant, each other variant's
   paired difference from it and whether that is significant (experiments/sweeps/statistics.py)."""
   csv_path, md_path = os.path.join(sweep, 'results.csv'), os.path.join(sweep, 'results.md')
+  write_text_atomically(csv_path, _csv_text(table, failures, reference))
+  write_text_atomically(md_path, _markdown_text(table, failures, reference))
+  return [csv_path, md_path]
+
+
+def _comparison(table: Table, reference: Optional[str], variant: str, length, metric: str):
+  """The paired difference of variant from the reference at (length, metric); None for no reference or itself."""
+  if reference is None or variant == reference:
+    return None
+  return paired_difference(table.by_seed[variant].get(length, {}).get(metric, {}),
+                           table.by_seed[reference].get(length, {}).get(metric, {}))
+
+
+def _csv_text(table: Table, failures: dict, reference: Optional[str]) -> str:
   rows = io.StringIO()
   writer = csv.writer(rows)
   writer.writerow(['variant', 'length', 'metric', 'mean', 'std', 'ci95_half_width', 'seeds', 'reference',
                    'difference', 'difference_ci95_half_width', 'paired_seeds', 'significant', 'status'])
-
-  def comparison(variant, length, metric):
-    if reference is None or variant == reference:
-      return None
-    return paired_difference(table.by_seed[variant].get(length, {}).get(metric, {}),
-                             table.by_seed[reference].get(length, {}).get(metric, {}))
-
   for variant in table.variants:
     failed = [name for name in failures if name.startswith(variant + '-seed')]
     for length in table.lengths:
@@ -165,7 +172,7 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
         if found:
           mean, std = mean_std(found)
           half_width = mean_interval(found)[1]
-          paired = comparison(variant, length, metric)
+          paired = _comparison(table, reference, variant, length, metric)
           difference = ['', '', '', ''] if paired is None else [
               f'{paired[0]:.6g}', _number(paired[1]), paired[2], 'yes' if paired[3] else 'no']
           writer.writerow([variant, length, metric, f'{mean:.6g}', f'{std:.6g}', _number(half_width), len(found),
@@ -177,8 +184,10 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
       for length, value in sorted(by_length.items()):
         writer.writerow([f'{name} (baseline)', length, metric, f'{value:.6g}', '0', '', '', '', '', '', '', '',
                          'ok'])
-  write_text_atomically(csv_path, rows.getvalue())
+  return rows.getvalue()
 
+
+def _markdown_text(table: Table, failures: dict, reference: Optional[str]) -> str:
   lines = []
   header = ['variant'] + [f'{n} (train)' if n == table.training_length else str(n) for n in table.lengths]
   interval = f'mean ± the {CONFIDENCE:.0%} Student-t interval over seeds'
@@ -195,7 +204,7 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
         if found:
           mean, half_width = mean_interval(found)
           cell = f'{mean:.3f} ± {half_width:.3f}' if len(found) > 1 else f'{mean:.3f}'
-          paired = comparison(variant, length, metric)
+          paired = _comparison(table, reference, variant, length, metric)
           cells.append(cell + ('\\*' if paired is not None and paired[3] else ''))
         else:
           cells.append('—')
@@ -209,8 +218,7 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
     lines += ['### Failed runs', '']
     lines += [f'- `{name}`: {error}' for name, error in sorted(failures.items())]
     lines.append('')
-  write_text_atomically(md_path, '\n'.join(lines))
-  return [csv_path, md_path]
+  return '\n'.join(lines)
 
 
 def line_style(index: int) -> dict:

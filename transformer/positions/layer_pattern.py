@@ -12,25 +12,17 @@ extrapolates as far as its shortest part, and serves an encoder only if every ki
 """
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, module_fields, require
 
 DEFAULT_PATTERN = 'rope,rope,rope,none'
 
 
-def pattern_variant(table: dict[str, Variant]) -> Variant:
-  """The layer_pattern variant over the variants of `table` that have no embedding hook."""
-  parts = {kind: variant for kind, variant in table.items() if variant.stack.embed is StackPositions.embed}
-  fields, seen = [('layer_pattern', str, dataclasses.field(default=DEFAULT_PATTERN))], {}
-  for kind, variant in parts.items():
-    for field in dataclasses.fields(variant.settings):
-      if field.name in seen:
-        if seen[field.name] != (field.type, field.default):
-          raise TypeError(f'{kind}.{field.name} differs from another variant\'s setting of that name')
-        continue
-      seen[field.name] = (field.type, field.default)
-      fields.append((field.name, field.type, dataclasses.field(default=field.default)))
+class PatternSettings(Settings):
+  """The methods of a pattern's settings; `parts` ({kind: Variant}) and the fields (`layer_pattern` and
+  every part's settings) come from pattern_variant."""
+  parts: ClassVar[dict]  # {kind: Variant}, set by pattern_variant
 
   def kinds(self) -> tuple[str, ...]:
     """The kind of each layer in the cycle."""
@@ -38,7 +30,7 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
 
   def part(self, kind: str) -> Settings:
     """The settings of one kind of the pattern."""
-    variant = parts[kind]
+    variant = self.parts[kind]
     return variant.settings(**{name: getattr(self, name) for name in variant.setting_names()})
 
   def distinct(self) -> list[str]:
@@ -46,14 +38,14 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
 
   def check(self):
     valid = (f'a comma-separated list of kinds, one per layer (repeated over the stack), from '
-             f'{", ".join(parts)} (variants that add to the embeddings cannot be placed by layer)')
-    require(all(kind in parts for kind in self.kinds()), 'position.layer_pattern', self.layer_pattern, valid)
+             f'{", ".join(self.parts)} (variants that add to the embeddings cannot be placed by layer)')
+    require(all(kind in self.parts for kind in self.kinds()), 'position.layer_pattern', self.layer_pattern, valid)
     for kind in self.distinct():
       self.part(kind)  # runs that kind's checks
 
   def check_attention(self, num_heads, head_dim, causal):
     for kind in self.distinct():
-      require(causal or not parts[kind].causal_only, 'position.layer_pattern', self.layer_pattern,
+      require(causal or not self.parts[kind].causal_only, 'position.layer_pattern', self.layer_pattern,
               f'in bidirectional attention (an encoder) kinds that are not causal only; {kind} is')
       self.part(kind).check_attention(num_heads, head_dim, causal)
 
@@ -66,67 +58,80 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
       self.part(kind).check_positions(largest)
 
   def shift_invariant_claim(self) -> bool:
-    return all(parts[kind].shift_invariant for kind in self.distinct())
+    return all(self.parts[kind].shift_invariant for kind in self.distinct())
 
   def shift_invariant_below(self) -> Optional[int]:
     limits = [self.part(kind).shift_invariant_below() for kind in self.distinct()]
     return min((limit for limit in limits if limit is not None), default=None)
 
-  settings = dataclasses.make_dataclass(
-      'LayerPatternSettings', fields, bases=(Settings,), frozen=True,
-      namespace=dict(kinds=kinds, part=part, distinct=distinct, check=check, check_attention=check_attention,
-                     check_positions=check_positions,
-                     longest_sequence=longest_sequence, shift_invariant_claim=shift_invariant_claim,
-                     shift_invariant_below=shift_invariant_below))
 
-  class PatternStack(StackPositions):
-    """Each kind's stack hooks, once; shared terms by kind."""
+class PatternStack(StackPositions):
+  """Each kind's stack hooks, once; shared terms by kind."""
 
-    def setup(self):
-      fields = module_fields(self)
-      self.parts = {kind: parts[kind].stack(**dict(fields, settings=self.settings.part(kind)))
-                    for kind in self.settings.distinct()}
+  def setup(self):
+    fields = module_fields(self)
+    self.parts = {kind: self.settings.parts[kind].stack(**dict(fields, settings=self.settings.part(kind)))
+                  for kind in self.settings.distinct()}
 
-    def shared(self, q_positions_BxLq, k_positions_BxLk):
-      return {kind: stack.shared(q_positions_BxLq, k_positions_BxLk) for kind, stack in self.parts.items()}
+  def shared(self, q_positions_BxLq, k_positions_BxLk):
+    return {kind: stack.shared(q_positions_BxLq, k_positions_BxLk) for kind, stack in self.parts.items()}
 
-    def kernel_shared(self):
-      return {kind: stack.kernel_shared() for kind, stack in self.parts.items()}
+  def kernel_shared(self):
+    return {kind: stack.kernel_shared() for kind, stack in self.parts.items()}
 
-  class PatternLayer(LayerPositions):
-    """The hooks of this layer's kind, with that kind's shared terms."""
 
-    def setup(self):
-      kinds = self.settings.kinds()
-      self.kind = kinds[self.layer_index % len(kinds)]
-      self.part = parts[self.kind].layer(**dict(module_fields(self), settings=self.settings.part(self.kind)))
+class PatternLayer(LayerPositions):
+  """The hooks of this layer's kind, with that kind's shared terms."""
 
-    def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
-      return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk)
+  def setup(self):
+    kinds = self.settings.kinds()
+    self.kind = kinds[self.layer_index % len(kinds)]
+    self.part = self.settings.parts[self.kind].layer(**dict(module_fields(self),
+                                                            settings=self.settings.part(self.kind)))
 
-    def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-      return self.part.logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared[self.kind],
-                              scale)
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+    return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk)
 
-    def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
-      return self.part.values(weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk)
+  def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
+    return self.part.logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared[self.kind],
+                            scale)
 
-    def scale(self):
-      return self.part.scale()
+  def values(self, weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk):
+    return self.part.values(weights_BxHxLqxLk, q_positions_BxLq, k_positions_BxLk)
 
-    def needs_weights(self):
-      return self.part.needs_weights()
+  def scale(self):
+    return self.part.scale()
 
-    def needs_all_keys(self):
-      return self.part.needs_all_keys()
+  def needs_weights(self):
+    return self.part.needs_weights()
 
-    def causal_band(self):
-      return self.part.causal_band()
+  def needs_all_keys(self):
+    return self.part.needs_all_keys()
 
-    def kernel_term(self, kernel_shared):
-      return self.part.kernel_term(kernel_shared[self.kind])
+  def causal_band(self):
+    return self.part.causal_band()
 
-    def kernel_serves(self):
-      return self.part.kernel_serves()
+  def kernel_term(self, kernel_shared):
+    return self.part.kernel_term(kernel_shared[self.kind])
 
+  def kernel_serves(self):
+    return self.part.kernel_serves()
+
+
+def pattern_variant(table: dict[str, Variant]) -> Variant:
+  """The layer_pattern variant over the variants of `table` that have no embedding hook: its settings
+  hold `layer_pattern` and every part's settings (one field per name; parts that share a name must
+  share its type and default)."""
+  parts = {kind: variant for kind, variant in table.items() if variant.stack.embed is StackPositions.embed}
+  fields, seen = [('layer_pattern', str, dataclasses.field(default=DEFAULT_PATTERN))], {}
+  for kind, variant in parts.items():
+    for field in dataclasses.fields(variant.settings):
+      if field.name in seen:
+        if seen[field.name] != (field.type, field.default):
+          raise TypeError(f'{kind}.{field.name} differs from another variant\'s setting of that name')
+        continue
+      seen[field.name] = (field.type, field.default)
+      fields.append((field.name, field.type, dataclasses.field(default=field.default)))
+  settings = dataclasses.make_dataclass('LayerPatternSettings', fields, bases=(PatternSettings,), frozen=True,
+                                        namespace=dict(parts=parts))
   return Variant(PatternStack, PatternLayer, 'a pattern by layer (Llama 4, Command A)', settings, shift_invariant=True)
