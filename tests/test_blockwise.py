@@ -34,6 +34,7 @@ def test_causal_blocks_equal_one_softmax_with_padding_and_a_bias(block_size, key
   np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_cross_attention_blocks_with_unequal_lengths_equal_one_softmax():
   query, key, value = qkv(length_q=7, length_k=11)
   mask = T.cross_attention_mask(jnp.arange(11)[None] < jnp.asarray([[11], [3]]))
@@ -44,6 +45,7 @@ def test_cross_attention_blocks_with_unequal_lengths_equal_one_softmax():
     np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('key_block_size', [None, 4])
 def test_future_keys_are_never_computed_and_a_values_term_adds_linearly(key_block_size):
   """With 4 blocks of 4 queries, a causal sweep computes 4 + 8 + 12 + 16 = 40 query-key columns
@@ -71,6 +73,7 @@ def test_future_keys_are_never_computed_and_a_values_term_adds_linearly(key_bloc
   np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_fully_masked_row_gives_zeros_and_bad_block_sizes_are_named():
   query, key, value = qkv(length_q=5, length_k=5)
   mask = jnp.ones((2, 1, 5, 5), bool).at[1, :, 2].set(False)
@@ -85,6 +88,7 @@ def test_a_fully_masked_row_gives_zeros_and_bad_block_sizes_are_named():
     tiny(attention_block_size=-1)
 
 
+@pytest.mark.slow
 def test_a_masked_first_key_block_leaves_no_trace_in_outputs_values_terms_or_gradients():
   """Left padding: the first key block of every row is fully masked (its weights are exp(0) = 1
   until a later block sets the row's maximum), and must contribute nothing."""

@@ -132,6 +132,7 @@ def copy_run(tmp_path):
   return workdir
 
 
+@pytest.mark.slow
 def test_a_source_without_its_record_is_refused(copy_run, tmp_path):
   os.remove(os.path.join(copy_run, 'config.json'))
   with pytest.raises(settings.ConfigError, match='train.init_from: .*which cannot be read: .*config.json: missing'):
@@ -199,6 +200,7 @@ def test_exact_match_decodes_a_pallas_run_and_keeps_a_result_it_cannot_replace(r
 
 # Flags: a value that cannot be used is one line, exit code 2, and nothing written.
 
+@pytest.mark.slow
 @pytest.mark.parametrize('arguments, expected', [
     (['experiments.evaluate', '--workdir={rope}', '--lengths=abc'], "--lengths: got 'abc'"),
     (['experiments.evaluate', '--workdir={rope}', '--position=rope_base=abc'], "--position: got rope_base='abc'"),

@@ -48,6 +48,7 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
     assert (tmp_path / name).stat().st_size > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('extra,expected', [
     (['--positions=learned,none', '--config.model.position.max_length=8'],
      'error: learned-seed0: model.position.max_length: got 8; valid: at least 26'),
@@ -126,6 +127,7 @@ def test_a_forecast_sweep_tabulates_errors_beside_its_baselines_and_an_lstm_row(
   assert f'{final["mae"]:.3f}' in row.split('|')[3]
 
 
+@pytest.mark.slow
 def test_an_unknown_baseline_is_named_before_anything_trains(tmp_path):
   result = subprocess.run(_compare(tmp_path, '--baselines=lstm,gru'), cwd=ROOT, env=_environment(),
                           capture_output=True, text=True, timeout=600)

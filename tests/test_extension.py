@@ -86,6 +86,7 @@ def test_position_interpolation_is_rope_at_positions_m_over_s():
   np.testing.assert_allclose(rope.rotate_by(x, positions, theta), at_quarter_positions, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dynamic_ntk_term_is_a_loop_of_ntk_rotations_by_query():
   """Query i's logits with every key equal q_i and k_j both rotated by NTK's frequencies at s_i =
   max(1, (i + 1) / L), the loop a cached decoder runs."""
@@ -103,6 +104,7 @@ def test_dynamic_ntk_term_is_a_loop_of_ntk_rotations_by_query():
     np.testing.assert_allclose(np.asarray(term[0, :, i]) + plain[0, :, i], expected, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_dynamic_ntk_is_ntk_at_each_querys_factor_and_scales_back_down():
   """One layer: the last query of a 12-token input (s = 12 / 4 = 3) gives NTK at factor 3's output there,
   the first four give RoPE's; a shorter input afterwards is RoPE again."""
@@ -169,6 +171,7 @@ def test_bfloat16_compute_rotates_by_float32_angles(method):
   np.testing.assert_allclose(rotated, expected, atol=2 ** -7 * np.abs(expected).max())
 
 
+@pytest.mark.slow
 def test_bfloat16_dynamic_ntk_term_uses_float32_angles():
   """The same for dynamic NTK's logits term, queries 1920-2047 against every key, L = 128."""
   query, key = (jax.random.normal(jax.random.PRNGKey(seed), (1, 2048, 1, HEAD_DIM)).astype(jnp.bfloat16)
@@ -241,6 +244,7 @@ def test_learned_interpolation_reads_rows_and_the_midpoints_between_them():
     embed(variables, jnp.arange(8)[None])
 
 
+@pytest.mark.slow
 def test_nope_temperature_of_llama4_worked_by_hand():
   """1 + 0.1 ln(floor((i + 1) / 4) + 1): 1 for i < 3, 1 + 0.1 ln 2 for i = 3..6, 1 + 0.1 ln 4 at i = 11."""
   expected = [1.0, 1.0, 1.0, 1.0 + 0.1 * math.log(2), 1.0 + 0.1 * math.log(2), 1.0 + 0.1 * math.log(4)]

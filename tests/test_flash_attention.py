@@ -70,6 +70,7 @@ CASES = [  # (causal, length_q, length_k): a tail block, two query blocks, fewer
     (True, 21, 21), (False, 21, 21), (True, 5, 19), (False, 7, 13)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['none', 'alibi', 't5', 'kerple_log', pytest.param('kerple_power',
                                                                                   marks=pytest.mark.slow)])
 @pytest.mark.parametrize('causal, length_q, length_k', CASES)
@@ -105,6 +106,7 @@ def test_the_kernel_equals_dense_attention_forward_and_gradients(kind, causal, l
     np.testing.assert_allclose(got, expected, atol=1e-5 * scale, rtol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_the_parameter_gradients_are_not_zero():
   """The comparison above would pass for a term whose parameters had no gradient in either path."""
   parameters, term, _ = _term_and_dense_bias('t5', causal=True)
@@ -114,6 +116,7 @@ def test_the_parameter_gradients_are_not_zero():
   assert float(jnp.min(jnp.sum(jnp.abs(gradient[:, :5]), axis=0))) > 1e-3  # the near buckets, every one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['alibi', 't5'])
 def test_bfloat16_inputs_give_dense_attention_to_bfloat16_rounding(kind):
   """bfloat16 queries, keys and values (logits and softmax in float32 in both): within 2e-2, a few of
@@ -185,6 +188,7 @@ def test_the_compiled_kernel_equals_dense_attention_on_this_accelerator(kind, dt
                                err_msg=name)
 
 
+@pytest.mark.slow
 def test_replicas_under_vmap_get_what_each_gets_alone():
   """Seeds in one program (experiments/runs/replicas.py) vmap the training step: the kernel and its
   custom gradient must batch."""

@@ -20,6 +20,7 @@ def test_decoder_only_is_causal(norm):
   assert_causal(model, init(model, x), (x,), L, config.model_dim)
 
 
+@pytest.mark.slow
 def test_encoder_decoder_decoder_is_causal():
   config = tiny()
   model = T.EncoderDecoder(config)
@@ -192,6 +193,7 @@ def test_greedy_generate_matches_a_naive_argmax_loop():
   np.testing.assert_array_equal(generated, naive)
 
 
+@pytest.mark.slow
 def test_encoder_decoder_greedy_decode_matches_a_naive_loop():
   config = tiny()
   model = T.EncoderDecoder(config)

@@ -37,6 +37,7 @@ def _decoder_loss(model, inputs, valid):
   return loss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', SERVED)
 def test_a_decoder_with_the_kernel_gives_the_explicit_logits_and_gradients(kind):
   """Length 11 in blocks of 4 (a tail block), padding at the end of the second row, the variant's
@@ -53,6 +54,7 @@ def test_a_decoder_with_the_kernel_gives_the_explicit_logits_and_gradients(kind)
   _assert_gradients_close(kernel_grads, explicit_grads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['t5', 'alibi', 'rope'])
 def test_an_encoder_decoder_with_the_kernel_gives_the_explicit_logits(kind):
   """Bidirectional self-attention with padded sources, causal self-attention, cross-attention over the
@@ -84,6 +86,7 @@ def test_dynamic_ntk_is_refused_by_the_kernel():
     init(model, tokens(2, 5))
 
 
+@pytest.mark.slow
 def test_a_cached_decoding_step_is_refused_by_the_kernel():
   """A cached step's mask covers the cache's slots, not the causal mask and padding as parts."""
   model = T.DecoderOnly(tiny('alibi', attention_implementation='pallas'))
@@ -122,6 +125,7 @@ def _lowered_train_step(kind: str, backend: str, platform: str, monkeypatch) -> 
 KERNEL_CALL = {'cuda': '__gpu$xla.gpu.triton', 'tpu': 'tpu_custom_call'}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('platform, backend', [('cuda', 'gpu'), ('tpu', 'tpu')])
 @pytest.mark.parametrize('kind', ['t5', pytest.param('alibi', marks=pytest.mark.slow),
                                   pytest.param('kerple_log', marks=pytest.mark.slow), 'rope'])

@@ -82,6 +82,7 @@ def test_refusals_name_the_field_and_what_is_valid():
   assert settings.evaluation_width_cap(experiment) == 256
 
 
+@pytest.mark.slow
 def test_padding_does_not_change_the_positions_or_outputs_of_the_valid_tokens():
   """A row with n valid tokens takes the first n entries of the same permutation that an unpadded call of
   length n draws: with one key, padded and unpadded calls give the valid tokens the same outputs."""

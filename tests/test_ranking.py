@@ -65,6 +65,7 @@ def test_mean_reciprocal_rank_by_hand(tmp_path):
   assert text.index('| b | ') < text.index('| a | ') < text.index('| c | ')  # by mean MRR: b 0.79, a 0.58, c 0.42
 
 
+@pytest.mark.slow
 def test_the_rank_command_prints_and_writes_the_table(tmp_path):
   output = tmp_path / 'ranking.md'
   result = subprocess.run([sys.executable, '-m', 'experiments.rank', f'--sweeps={",".join(_sweeps(tmp_path))}',
@@ -76,6 +77,7 @@ def test_the_rank_command_prints_and_writes_the_table(tmp_path):
   assert '| variant | MRR | copy rank | parity rank |' in result.stdout
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_runs_differ_is_refused(tmp_path):
   sweeps = _sweeps(tmp_path)
   config_path = tmp_path / 'parity' / 'c-seed1' / 'config.json'

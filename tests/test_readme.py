@@ -17,6 +17,7 @@ README = (ROOT / 'README.md').read_text()
 DOCS = [README] + [path.read_text() for path in sorted((ROOT / 'docs').glob('*.md'))]
 
 
+@pytest.mark.slow
 def test_python_examples_run_and_print_what_they_claim():
   blocks = [block for text in DOCS for block in re.findall(r'```python\n(.*?)```', text, re.S)]
   assert blocks

@@ -19,6 +19,7 @@ def test_recurrent_baselines_take_and_give_what_the_transformer_does(architectur
   assert ours.apply(init(ours, *args), *args).shape == reference.apply(init(reference, *args), *args).shape
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('architecture', ['lstm', 'rnn'])
 def test_recurrent_language_model_is_causal(architecture):
   config = tiny(architecture=architecture)
@@ -27,6 +28,7 @@ def test_recurrent_language_model_is_causal(architecture):
   assert_causal(model, init(model, x), (x,), 5, config.model_dim)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('bidirectional', [True, False])
 def test_recurrent_encoder_ignores_padding(bidirectional):
   config = tiny(architecture='lstm', bidirectional=bidirectional)

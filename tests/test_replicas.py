@@ -120,6 +120,7 @@ def test_a_replica_finished_beside_an_unfinished_one_is_left_as_it_is(tmp_path):
   assert without_wall_clock(read_metrics(str(workdirs[1]))) == without_wall_clock(metrics)
 
 
+@pytest.mark.slow
 def test_replicas_that_cannot_resume_together_are_refused_before_training(tmp_path):
   trainer.run(smoke_experiment(seed=1, **{'train.steps': 10}), str(tmp_path / 'seed1'))
   with pytest.raises(trainer.ReplicasOutOfStep, match=r'checkpoints are at step 0 in .*seed0, step 10 in .*seed1 '
@@ -129,6 +130,7 @@ def test_replicas_that_cannot_resume_together_are_refused_before_training(tmp_pa
   assert not (tmp_path / 'seed0' / 'metrics.jsonl').exists()
 
 
+@pytest.mark.slow
 def test_a_run_of_another_configuration_among_the_replicas_refuses_them_all(tmp_path):
   trainer.run(smoke_experiment(seed=1, **{'model.position.kind': 'rope'}), str(tmp_path / 'seed1'))
   with pytest.raises(run_record.RunMismatch, match='model.position.kind: the run in .*seed1 has .rope.'):

@@ -82,6 +82,7 @@ def test_a_config_file_that_cannot_give_a_config_is_one_line(tmp_path, name):
   assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.slow
 def test_a_workdir_that_cannot_be_created_is_one_line(tmp_path):
   too_long = tmp_path / ('x' * 300)
   code, lines = _train_cli(['--config=configs/smoke.py', f'--workdir={too_long}'])
@@ -90,6 +91,7 @@ def test_a_workdir_that_cannot_be_created_is_one_line(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_workdir_under_a_file_is_refused(tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('')
@@ -143,6 +145,7 @@ def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_pat
   _assert_metrics_of_the_whole_run(tmp_path, run)
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_in_a_checkpoint_is_caught_by_its_digest(tmp_path, caplog):
   run, schedule = _checkpointed_runs(tmp_path)
   files = [p for p in glob.glob(str(run / 'checkpoints' / '15' / '**' / '*'), recursive=True) if os.path.isfile(p)]
@@ -158,6 +161,7 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught_by_its_digest(tmp_path, caplog
   _assert_metrics_of_the_whole_run(tmp_path, run)
 
 
+@pytest.mark.slow
 def test_the_analysis_commands_refuse_a_checkpoint_whose_bytes_changed(tmp_path):
   run, _ = _checkpointed_runs(tmp_path)
   checkpoints.load_run(str(run))  # intact: loads
@@ -172,6 +176,7 @@ def test_the_analysis_commands_refuse_a_checkpoint_whose_bytes_changed(tmp_path)
     checkpoints.load_run(str(run))
 
 
+@pytest.mark.slow
 def test_metrics_damaged_before_their_last_line_are_refused_and_left_alone(tmp_path):
   run, schedule = _checkpointed_runs(tmp_path)
   lines = (run / 'metrics.jsonl').read_text().splitlines(keepends=True)
@@ -184,6 +189,7 @@ def test_metrics_damaged_before_their_last_line_are_refused_and_left_alone(tmp_p
       k: v for k, v in before.items() if not k.endswith('.lock')}
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_without_a_digest_is_set_aside_quietly(tmp_path, capfd):
   """Checkpoints written before digests: orbax's failing restore is the check, and the dozens of 'Event
   loop is closed' tracebacks its in-flight reads used to print are gone."""
@@ -198,6 +204,7 @@ def test_a_damaged_checkpoint_without_a_digest_is_set_aside_quietly(tmp_path, ca
   assert 'Event loop is closed' not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
   """Killed in the middle of writing a record after its last checkpoint (step 15)."""
   caplog.set_level(logging.INFO)
@@ -212,6 +219,7 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
   _assert_metrics_of_the_whole_run(tmp_path, run)
 
 
+@pytest.mark.slow
 def test_metrics_cut_below_what_a_checkpoint_covers_resume_from_one_they_cover(tmp_path, caplog):
   """A tail lost below the newest checkpoint (a power loss without fsync would do it): that checkpoint
   cannot be resumed without losing records, so an older one that the file still covers is used."""
@@ -227,6 +235,7 @@ def test_metrics_cut_below_what_a_checkpoint_covers_resume_from_one_they_cover(t
   _assert_metrics_of_the_whole_run(tmp_path, run)
 
 
+@pytest.mark.slow
 def test_the_metrics_a_checkpoint_covers_are_fsynced_before_it_is_written(tmp_path, monkeypatch):
   events = []
   real_fsync, real_save = os.fsync, checkpoints.Checkpoints.save
@@ -251,6 +260,7 @@ def test_the_metrics_a_checkpoint_covers_are_fsynced_before_it_is_written(tmp_pa
     assert covered == len([r for r in records if r['step'] <= step])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_other_shapes_fails_clearly_and_is_left_untouched(tmp_path):
   """The shapes check stays as a last line behind the run's identity: here config.json is made to agree
   with a config of another width, so only the checkpoint itself can tell."""
@@ -338,6 +348,7 @@ def test_a_second_run_on_the_same_workdir_refuses(tmp_path):
   assert first.returncode == 0
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_changes_nothing_and_a_missing_summary_is_rebuilt(tmp_path):
   experiment = smoke_experiment()
   first = trainer.run(experiment, str(tmp_path))

@@ -34,6 +34,7 @@ def _unfinished(workdir, **overrides):
   os.remove(workdir / 'checkpoints.digests' / '20.json')
 
 
+@pytest.mark.slow
 def test_resuming_with_another_configuration_is_refused_naming_every_field_and_writing_nothing(tmp_path):
   _unfinished(tmp_path)
   before = _fingerprint(tmp_path)
@@ -48,6 +49,7 @@ def test_resuming_with_another_configuration_is_refused_naming_every_field_and_w
   assert _fingerprint(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_config_json_is_written_once_and_a_finished_run_takes_no_other_configuration(tmp_path):
   trainer.run(smoke_experiment(), str(tmp_path))
   written = (tmp_path / 'config.json').read_bytes()
@@ -62,6 +64,7 @@ def test_config_json_is_written_once_and_a_finished_run_takes_no_other_configura
   assert run_record.stored_config(str(tmp_path))['train']['steps'] == 30
 
 
+@pytest.mark.slow
 def test_a_longer_train_steps_continues_a_finished_run_into_the_longer_run(tmp_path):
   trainer.run(smoke_experiment(), str(tmp_path / 'whole'))
   trainer.run(smoke_experiment(**{'train.steps': 10}), str(tmp_path / 'extended'))
@@ -75,6 +78,7 @@ def test_a_longer_train_steps_continues_a_finished_run_into_the_longer_run(tmp_p
   assert run_record.is_finished(str(tmp_path / 'extended'))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('first,then,reason', [
     ({}, {'train.steps': 15}, 'a run is continued to more steps, never shortened'),
     ({'train.schedule': 'warmup_cosine'}, {'train.schedule': 'warmup_cosine', 'train.steps': 30},
@@ -91,6 +95,7 @@ def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, first, the
   assert _fingerprint(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp_path):
   _unfinished(tmp_path)
   changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel': 'mesh'}
@@ -106,6 +111,7 @@ def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp
   assert [r['step'] for r in read_metrics(str(tmp_path)) if r['split'] == 'train'] == [5, 10, 12, 14, 16, 18, 20]
 
 
+@pytest.mark.slow
 def test_a_workdir_with_results_but_no_config_is_refused(tmp_path):
   trainer.run(smoke_experiment(), str(tmp_path))
   (tmp_path / 'config.json').unlink()

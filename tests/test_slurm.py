@@ -47,6 +47,7 @@ def _compare(sweep, *extra):
           '--seeds=1', f'--workdir={sweep}', '--config.train.steps=10', *extra]
 
 
+@pytest.mark.slow
 def test_the_job_array_runs_each_unfinished_run_with_the_local_command(tmp_path, fake_sbatch):
   environment, log = fake_sbatch
   sweep = tmp_path / 'sweep'
@@ -95,6 +96,7 @@ def test_a_finished_array_is_collected_and_a_resubmission_skips_finished_runs(tm
   assert log.read_text().count('--parsable') == 1
 
 
+@pytest.mark.slow
 def test_without_sbatch_the_slurm_launcher_is_one_line(tmp_path):
   environment = dict(os.environ, PATH=os.path.dirname(sys.executable), JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
                      XLA_FLAGS='--xla_force_host_platform_device_count=1')

@@ -32,6 +32,7 @@ def test_outputs_in_the_workdir(tmp_path):
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(tmp_path / 'tensorboard'))
 
 
+@pytest.mark.slow
 def test_same_config_and_seed_give_the_same_metrics(tmp_path):
   experiment = smoke_experiment()
   trainer.run(experiment, str(tmp_path / 'first'))
@@ -63,6 +64,7 @@ def _losses(workdir):
   return np.array([r['loss'] for r in read_metrics(workdir)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
   assert jax.device_count() == 8, 'conftest.py asks for 8 CPU devices'
@@ -74,12 +76,14 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
   np.testing.assert_allclose(eight, one, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_pmap_and_mesh_agree(tmp_path):
   trainer.run(smoke_experiment(parallel='pmap'), str(tmp_path / 'pmap'))
   trainer.run(smoke_experiment(parallel='mesh'), str(tmp_path / 'mesh'))
   np.testing.assert_allclose(_losses(str(tmp_path / 'mesh')), _losses(str(tmp_path / 'pmap')), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
   full = smoke_experiment()
   trainer.run(full, str(tmp_path / 'full'))
