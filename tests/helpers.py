@@ -69,7 +69,7 @@ def assert_causal(model, params, args, length: int, width: int, **kwargs):
   def outputs(d):
     return apply_with_stack_delta(model, params, d, *args, **kwargs)[0].sum(-1)  # L
 
-  jacobian = jax.jacrev(outputs)(delta)[:, 0]  # L (outputs) x L (inputs) x D
+  jacobian = jax.jit(jax.jacrev(outputs))(delta)[:, 0]  # L (outputs) x L (inputs) x D
   per_pair = jnp.abs(jacobian).sum(-1)
   for t in range(length):
     assert float(per_pair[t, t + 1:].sum()) == 0.0, f'output {t} depends on later inputs: {per_pair[t]}'

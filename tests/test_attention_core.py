@@ -116,6 +116,7 @@ def test_auto_leaves_the_pallas_kernel_to_be_asked_for(backend, dtype):
       assert attention_core.choose('auto', needs) != 'pallas'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['none', 'rope', 'alibi', 'shaw'])
 def test_every_core_that_runs_on_this_machine_gives_the_explicit_outputs(kind):
   """A decoder of length 9 in blocks of 4: explicit, blockwise and (where no values term) XLA's fused call."""

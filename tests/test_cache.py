@@ -108,6 +108,7 @@ def test_a_real_decoder_cache_keeps_its_memory_under_cross_attention():
   assert any("['self_attention']['cached_key']" in path for path in paths), paths
 
 
+@pytest.mark.slow
 def test_aligned_cross_attention_steps_give_the_whole_forward_pass():
   """SAINT's layout (knowledge tracing): target step i attends source steps up to i, with position
   hooks in cross-attention too."""

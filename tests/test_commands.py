@@ -139,6 +139,7 @@ def test_a_source_without_its_record_is_refused(copy_run, tmp_path):
     preflight.check_init_from(_fine_tune(copy_run), str(tmp_path / 'tuned'))
 
 
+@pytest.mark.slow
 def test_a_source_whose_checkpoint_changed_is_refused(copy_run, tmp_path):
   victim = max((p for p in glob.glob(os.path.join(copy_run, 'checkpoints', '2', '**', '*'), recursive=True)
                 if os.path.isfile(p)), key=os.path.getsize)

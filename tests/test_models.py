@@ -181,6 +181,7 @@ def test_unknown_position_kind_lists_valid_ones():
     T.PositionConfig(kind='fourier')
 
 
+@pytest.mark.slow
 def test_greedy_generate_matches_a_naive_argmax_loop():
   config = tiny()
   model = T.DecoderOnly(config)

@@ -6,6 +6,7 @@ import transformer as T
 from tests.helpers import assert_causal, init, tiny, tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('architecture', ['lstm', 'rnn'])
 @pytest.mark.parametrize('kind', T.MODEL_KINDS)
 def test_recurrent_baselines_take_and_give_what_the_transformer_does(architecture, kind):

@@ -129,6 +129,7 @@ def test_metrics_match_a_direct_computation_from_the_logits():
   assert summary['auc'] == pytest.approx(_naive_auc(probability.reshape(-1)[mask], labels.reshape(-1)[mask]), abs=5e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', [kind for kind in sorted(T.VARIANTS) if bidirectional(kind)])
 def test_aligned_cross_attention_keeps_the_decoder_causal(kind):
   """SAINT: step t's prediction depends on the responses before t only, whatever the variant; the

@@ -43,6 +43,7 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
   assert first != without_wall_clock(read_metrics(str(tmp_path / 'other_seed')))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_train_step_compiles_once(tmp_path, parallel):
   experiment = smoke_experiment(parallel=parallel)
