@@ -150,6 +150,7 @@ def test_a_source_whose_checkpoint_changed_is_refused(copy_run, tmp_path):
     preflight.check_init_from(_fine_tune(copy_run), str(tmp_path / 'tuned'))
 
 
+@pytest.mark.slow
 def test_a_source_trained_on_after_the_fine_tune_started_is_refused(copy_run, tmp_path):
   tuned = tmp_path / 'tuned'
   tuned.mkdir()

@@ -90,6 +90,7 @@ def test_shaw_terms_and_gradients_equal_the_gathered_ones(q_positions, k_positio
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('q_positions,k_positions', POSITIONS)
 @pytest.mark.parametrize('bidirectional', [False, True])
 def test_t5_bias_and_its_gradient_equal_the_gathered_ones(q_positions, k_positions, bidirectional):

@@ -60,6 +60,7 @@ def _train_cli(argv, devices=8):
   return result.returncode, [line for line in result.stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('arguments,expected', BAD_COMMAND_LINES, ids=[' '.join(a) for a, _ in BAD_COMMAND_LINES])
 def test_a_bad_command_line_exits_with_one_line_and_writes_nothing(tmp_path, arguments, expected):
   workdir = tmp_path / 'run'
