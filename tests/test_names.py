@@ -11,10 +11,13 @@ AXIS = r'(?:\d*[A-Z][a-z]?|bq|bk|\d+)'
 SHAPED_NAME = re.compile(r'\b[a-z][a-z0-9_]*?_(' + AXIS + r'(?:x' + AXIS + r')*)\b')
 
 
+def legend_rows():
+  """(letter, meaning) for each row of the docstring's legend block, in order."""
+  return re.findall(r'^  (\S+) +(\S.*)$', transformer.__doc__, flags=re.MULTILINE)
+
+
 def legend():
-  """{letter: meaning} from the docstring's legend block."""
-  rows = re.findall(r'^  (\S+) +(\S.*)$', transformer.__doc__, flags=re.MULTILINE)
-  return dict(rows)
+  return dict(legend_rows())
 
 
 def shaped_names(text):
@@ -26,8 +29,7 @@ def shaped_names(text):
 
 
 def test_the_legend_gives_each_letter_one_meaning():
-  rows = re.findall(r'^  (\S+) +(\S.*)$', transformer.__doc__, flags=re.MULTILINE)
-  letters = [letter for letter, _ in rows]
+  letters = [letter for letter, _ in legend_rows()]
   assert len(letters) == len(set(letters)) >= 20, letters
   assert {'B', 'H', 'Lq', 'Lk', 'K', 'V', 'C', 'M', 'P', 'R'} <= set(letters)
 
