@@ -11,7 +11,8 @@ program and the compile options, so a hit gives the results a fresh compile give
 The tests' programs are tiny: compiling them takes far longer than running them. With
 JAX_DISABLE_MOST_OPTIMIZATIONS, XLA compiles at backend optimisation level 0 without LLVM's expensive passes, which
 change how fast a program runs, not what it computes; every process the tests start inherits it. Set it
-to 0 to test the optimised programs (BENCHMARKS.md has what it saves).
+to 0 to test the optimised programs (BENCHMARKS.md has what it saves). For the same reason XLA compiles CPU
+fusions with its elemental loop emitter, not its MLIR fusion emitters (tests/xla_flags.py).
 """
 
 import atexit
@@ -19,7 +20,9 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+from tests.xla_flags import xla_flags
+
+os.environ.setdefault('XLA_FLAGS', xla_flags(8))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 import transformer as T
+from tests.xla_flags import xla_flags
 
 
 def tiny(kind: str = 'sinusoidal', **changes) -> T.ModelConfig:
@@ -99,5 +100,5 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 def subprocess_environment(devices: int = 1) -> dict:
   """The environment of a command a test starts: CPU only, `devices` XLA host devices, this checkout first."""
-  return dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}', JAX_PLATFORMS='cpu',
+  return dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu',
               PYTHONPATH=str(ROOT))

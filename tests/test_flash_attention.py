@@ -94,9 +94,9 @@ def test_the_kernel_equals_dense_attention_forward_and_gradients(kind, causal, l
     out = _dense_attention(query, key, value, dense(parameters, q_positions, k_positions), causal, key_valid)
     return jnp.sum(jnp.sin(out)), out
 
-  (_, kernel_out), kernel_grads = jax.value_and_grad(kernel_loss, argnums=(0, 1, 2, 3), has_aux=True)(
+  (_, kernel_out), kernel_grads = jax.jit(jax.value_and_grad(kernel_loss, argnums=(0, 1, 2, 3), has_aux=True))(
       query, key, value, parameters)
-  (_, dense_out), dense_grads = jax.value_and_grad(dense_loss, argnums=(0, 1, 2, 3), has_aux=True)(
+  (_, dense_out), dense_grads = jax.jit(jax.value_and_grad(dense_loss, argnums=(0, 1, 2, 3), has_aux=True))(
       query, key, value, parameters)
   np.testing.assert_allclose(kernel_out, dense_out, atol=1e-5, rtol=1e-5)
   for name, got, expected in zip(('query', 'key', 'value', 'parameters'), kernel_grads, dense_grads):

@@ -48,8 +48,10 @@ def test_a_decoder_with_the_kernel_gives_the_explicit_logits_and_gradients(kind)
   explicit = T.DecoderOnly(tiny(kind, position=position, attention_implementation='explicit'))
   kernel = T.DecoderOnly(tiny(kind, position=position, attention_implementation='pallas', attention_block_size=4))
   params = random_positions(init(explicit, inputs))
-  (_, explicit_logits), explicit_grads = jax.value_and_grad(_decoder_loss(explicit, inputs, valid), has_aux=True)(params)
-  (_, kernel_logits), kernel_grads = jax.value_and_grad(_decoder_loss(kernel, inputs, valid), has_aux=True)(params)
+  (_, explicit_logits), explicit_grads = jax.jit(jax.value_and_grad(_decoder_loss(explicit, inputs, valid),
+                                                                    has_aux=True))(params)
+  (_, kernel_logits), kernel_grads = jax.jit(jax.value_and_grad(_decoder_loss(kernel, inputs, valid),
+                                                                has_aux=True))(params)
   np.testing.assert_allclose(kernel_logits, explicit_logits, atol=2e-5, rtol=1e-5)
   _assert_gradients_close(kernel_grads, explicit_grads)
 
@@ -64,8 +66,8 @@ def test_an_encoder_decoder_with_the_kernel_gives_the_explicit_logits(kind):
   explicit = T.EncoderDecoder(tiny(kind, attention_implementation='explicit'))
   kernel = T.EncoderDecoder(tiny(kind, attention_implementation='pallas', attention_block_size=4))
   params = random_positions(init(explicit, source, target))
-  np.testing.assert_allclose(kernel.apply(params, source, target, source_valid_BxLs=source_valid),
-                             explicit.apply(params, source, target, source_valid_BxLs=source_valid),
+  np.testing.assert_allclose(jax.jit(kernel.apply)(params, source, target, source_valid_BxLs=source_valid),
+                             jax.jit(explicit.apply)(params, source, target, source_valid_BxLs=source_valid),
                              atol=2e-5, rtol=1e-5)
 
 

@@ -65,6 +65,7 @@ import orbax.checkpoint
 from absl import flags
 from experiments.runs import settings
 from experiments.shared import cli
+from tests.xla_flags import xla_flags
 
 
 def check(arguments):
@@ -132,7 +133,7 @@ def test_every_documented_command_parses_and_its_config_validates(module):
   result = subprocess.run([sys.executable, '-c', CHECK_COMMANDS, module, json.dumps(commands)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, JAX_PLATFORMS='cpu',
-                                   XLA_FLAGS='--xla_force_host_platform_device_count=1'))
+                                   XLA_FLAGS=xla_flags(1)))
   assert result.returncode == 0, f'{len(commands)} commands of {module}:\n{result.stderr[-3000:]}'
 
 
