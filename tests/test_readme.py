@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from tests.xla_flags import xla_flags
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 README = (ROOT / 'README.md').read_text()
 DOCS = [README] + [path.read_text() for path in sorted((ROOT / 'docs').glob('*.md'))]
@@ -65,7 +67,6 @@ import orbax.checkpoint
 from absl import flags
 from experiments.runs import settings
 from experiments.shared import cli
-from tests.xla_flags import xla_flags
 
 
 def check(arguments):
