@@ -22,7 +22,6 @@ from experiments.data import shakespeare as shakespeare_data
 from experiments.runs.metrics import MetricsDamaged, read_metrics, without_wall_clock
 from tests.helpers import smoke_experiment, subprocess_environment
 from experiments.tasks.algorithmic import Copy
-from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -54,9 +53,8 @@ CONFIG_FILES = {  # a config file's text, and what the one line must say
 
 def _train_cli(argv, devices=8):
   """The real command line in a subprocess: (exit code, non-empty stderr lines)."""
-  environment = dict(os.environ, XLA_FLAGS=xla_flags(devices),
-                     JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT))
-  result = subprocess.run([sys.executable, '-m', 'experiments.train', *argv], cwd=ROOT, env=environment,
+  result = subprocess.run([sys.executable, '-m', 'experiments.train', *argv], cwd=ROOT,
+                          env=subprocess_environment(devices),
                           capture_output=True, text=True, timeout=300)
   return result.returncode, [line for line in result.stderr.splitlines() if line.strip()]
 

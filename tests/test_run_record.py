@@ -14,8 +14,7 @@ import pytest
 
 from experiments.runs import run_record, settings, trainer
 from experiments.runs.metrics import read_metrics, without_wall_clock
-from tests.helpers import smoke_experiment
-from tests.xla_flags import xla_flags
+from tests.helpers import smoke_experiment, subprocess_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -122,8 +121,7 @@ def test_a_workdir_with_results_but_no_config_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_the_command_line_refuses_with_one_line_per_field_and_exit_code_2(tmp_path):
-  environment = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS='cpu',
-                     PYTHONPATH=str(ROOT))
+  environment = subprocess_environment(1)
   command = [sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py', f'--workdir={tmp_path}',
              '--config.train.steps=5']
   assert subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, timeout=300).returncode == 0
