@@ -104,7 +104,9 @@ class PmapPlacement(_Placement):
                                   host_state)
 
   def host_state(self, state):
-    return jax.tree_util.tree_map(lambda x: np.asarray(x[0]), state)
+    # The first local device's copy, read from its buffer: indexing x[0] would run an eager gather
+    # per leaf and step.
+    return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_shards[0].data).reshape(x.shape[1:]), state)
 
   def compile_train_step(self, step_fn: Callable) -> Callable:
     return jax.pmap(functools.partial(step_fn, axis_name=AXIS), axis_name=AXIS, in_axes=(0, 0, None),
