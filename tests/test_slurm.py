@@ -14,6 +14,7 @@ import pytest
 
 from experiments.runs import parallel
 from experiments.sweeps import slurm
+from tests.helpers import subprocess_environment
 from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -39,8 +40,8 @@ def fake_sbatch(tmp_path):
   (bin_directory / 'sbatch').write_text(FAKE_SBATCH)
   (bin_directory / 'sbatch').chmod(stat.S_IRWXU)
   log = tmp_path / 'sbatch.log'
-  return dict(os.environ, PATH=f'{bin_directory}{os.pathsep}{os.environ["PATH"]}', FAKE_SBATCH_LOG=str(log),
-              XLA_FLAGS=xla_flags(1), JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT)), log
+  return dict(subprocess_environment(1), PATH=f'{bin_directory}{os.pathsep}{os.environ["PATH"]}',
+              FAKE_SBATCH_LOG=str(log)), log
 
 
 def _compare(sweep, *extra):
@@ -99,8 +100,7 @@ def test_a_finished_array_is_collected_and_a_resubmission_skips_finished_runs(tm
 
 @pytest.mark.slow
 def test_without_sbatch_the_slurm_launcher_is_one_line(tmp_path):
-  environment = dict(os.environ, PATH=os.path.dirname(sys.executable), JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
-                     XLA_FLAGS=xla_flags(1))
+  environment = dict(subprocess_environment(1), PATH=os.path.dirname(sys.executable))
   result = subprocess.run(_compare(tmp_path / 'sweep', '--launcher=slurm'), cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 2
