@@ -20,6 +20,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.task.dataset = ''             # forecast: the series, sunspots, co2 or stocks
   config.task.horizon = 1              # forecast: steps predicted at once
   config.task.patch_length = 1         # forecast: values per input token (patches, as PatchTST); lengths are multiples
+  config.task.path = ''                # corpus: a folder that experiments.prepare_corpus wrote
+  config.task.packing = 'stream'       # corpus: 'stream' (windows across documents)
 
   config.model = ml_collections.ConfigDict()
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'

@@ -100,8 +100,14 @@ def _protocol_text(protocol: str, stride_fraction: float, tokens: int) -> str:
   return f'{windows_text}, the first {tokens} tokens'
 
 
+def _metric(rows) -> tuple[str, str]:
+  """(the results' score, its words): bits per byte for corpus runs, bits per character for Shakespeare."""
+  metric = long_context.record_metric(next(iter(rows[0][1].values())))
+  return metric, long_context.METRIC_LABELS[metric]
+
+
 def _position_table(rows, length: int, trained: int, protocol: str) -> str:
-  """Mean bits per character by band of window positions, at the longest length, one row per run."""
+  """Mean bits per token by band of window positions, at the longest length, one row per run."""
   bands = long_context.position_bands(length, trained)
   header = ['run'] + [f'{first}-{last - 1}' for first, last in bands]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
@@ -109,7 +115,8 @@ def _position_table(rows, length: int, trained: int, protocol: str) -> str:
     by_position = np.asarray(results[length]['bits_by_position'])  # positions 1 .. L-1
     means = [by_position[first - 1:last - 1].mean() for first, last in bands]
     lines.append(f'| {label} | ' + ' | '.join(f'{m:.3f}' for m in means) + ' |')
-  return ('\n'.join(lines) + f'\n\nBits per character at each position of a window of {length}, averaged over the '
+  unit = 'character' if _metric(rows)[0] == 'bits_per_character' else 'token'
+  return ('\n'.join(lines) + f'\n\nBits per {unit} at each position of a window of {length}, averaged over the '
           f'windows and over the positions of each band ({protocol}; trained at {trained}).\n')
 
 
@@ -118,23 +125,24 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   os.makedirs(output, exist_ok=True)
+  metric, words = _metric(rows)
   header = ['run'] + [str(length) for length in lengths]
   table = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   buffer = io.StringIO()
   writer = csv.writer(buffer)
   writer.writerow(header)
   for label, results in rows:
-    values = [results[length]['bits_per_character'] for length in lengths]
+    values = [results[length][metric] for length in lengths]
     table.append(f'| {label} | ' + ' | '.join(f'{v:.3f}' for v in values) + ' |')
     writer.writerow([label] + [f'{v:.5f}' for v in values])
-  note = f'\nBits per character on the held-out stream ({protocol}; the first run was trained at {trained}).\n'
+  note = f'\n{words.capitalize()} on the held-out stream ({protocol}; the first run was trained at {trained}).\n'
   write_text_atomically(os.path.join(output, 'results.md'), '\n'.join(table) + '\n' + note)
   write_text_atomically(os.path.join(output, 'by_position.md'), _position_table(rows, lengths[-1], trained, protocol))
   write_text_atomically(os.path.join(output, 'results.csv'), buffer.getvalue())
   figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
   for index, (label, results) in enumerate(rows):
     style = line_style(index)
-    by_length.plot(lengths, [results[length]['bits_per_character'] for length in lengths], label=label, **style)
+    by_length.plot(lengths, [results[length][metric] for length in lengths], label=label, **style)
     curve = np.asarray(results[lengths[-1]]['bits_by_position'])
     width = max(1, len(curve) // 64)
     smooth = np.convolve(curve, np.ones(width) / width, mode='valid')
@@ -142,9 +150,9 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
                      linestyle=style['linestyle'])
   by_length.set_xscale('log', base=2)
   by_length.set_xlabel('window length')
-  by_length.set_ylabel('bits per character')
+  by_length.set_ylabel(words)
   by_position.set_xlabel(f'position within a window of {lengths[-1]} (mean over windows, {width}-position average)')
-  by_position.set_ylabel('bits per character')
+  by_position.set_ylabel('bits per character' if metric == 'bits_per_character' else 'bits per token')
   for axes in (by_length, by_position):
     axes.axvline(trained, color='grey', linewidth=0.8, linestyle=':')
     axes.grid(alpha=0.3)
@@ -159,9 +167,11 @@ def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int]
 
 def _print_table(rows, lengths):
   width = max(len(label) for label, _ in rows)
-  print(f'\n{"run":<{width}} ' + ' '.join(f'{length:>8}' for length in lengths))
+  metric, words = _metric(rows)
+  print(f'\n{words} by window length')
+  print(f'{"run":<{width}} ' + ' '.join(f'{length:>8}' for length in lengths))
   for label, results in rows:
-    print(f'{label:<{width}} ' + ' '.join(f'{results[length]["bits_per_character"]:>8.3f}' for length in lengths))
+    print(f'{label:<{width}} ' + ' '.join(f'{results[length][metric]:>8.3f}' for length in lengths))
 
 
 def _lengths(text: str, minimum: int) -> list[int]:
@@ -184,9 +194,15 @@ def _check_name(name) -> None:
 
 def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
   """Every (run, request) checked before any is evaluated: one bad run or request, and nothing is written."""
-  prepared = []
+  prepared, data = [], {}
   for workdir in workdirs:
-    kind = checkpoints.run_model(workdir)[0].position.kind
+    config, task = checkpoints.run_model(workdir)
+    kind = config.position.kind
+    data[workdir] = (task.settings.name, task.data_identity())
+    if data[workdir] != data[workdirs[0]]:
+      raise ValueError(f'--workdir: {workdir} was trained on {data[workdir][0]} {data[workdir][1] or ""} and '
+                       f'{workdirs[0]} on {data[workdirs[0]][0]} {data[workdirs[0]][1] or ""}; valid: runs of one task '
+                       f'and data, so that one held-out stream scores them all')
     rotary = issubclass(transformer.VARIANTS[kind].settings, ExtensionSettings)
     for request in requests:
       if request.method != 'none' and not rotary:

@@ -216,7 +216,12 @@ def run_model(workdir: str):
   model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
                                          **model_fields)
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
-  return model_config, TASKS[task_fields['name']](TaskSettings(**task_fields))
+  task = TASKS[task_fields['name']](TaskSettings(**task_fields))
+  recorded = resolved.get('data', {}).get('identity')
+  if recorded is not None and task.data_identity() != recorded:
+    raise ValueError(f'{workdir}: the run trained on data {recorded[:12]}... and {task_fields.get("path")} now holds '
+                     f'{task.data_identity()[:12]}... (prepared again or changed); valid: the data the run trained on')
+  return model_config, task
 
 
 def core_for(config: transformer.ModelConfig, *, weights: bool = False, decoding: bool = False):

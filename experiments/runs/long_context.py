@@ -4,7 +4,7 @@
 Each (run, extension) writes RUN/evaluations/NAME/: evaluation.json (what was evaluated: the method
 and its settings, the original length read from the run, the checkpoint's step, the protocol) and
 results.jsonl, one line per length, appended once that length is done: bits per character over the
-scored tokens, and the bits at each window position averaged over every window (the curve that shows
+scored tokens (a corpus run: bits per byte, and per token), and the bits at each window position averaged over every window (the curve that shows
 where a model breaks down). A directory that describes another evaluation is refused, never rewritten;
 one that describes this one is resumed (lengths already there are kept, not recomputed).
 """
@@ -139,11 +139,21 @@ def _bits_function(model):
   return bits
 
 
-def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length: int, request: Request) -> dict:
-  """Bits per character over the scored tokens, and by window position, at one length."""
+METRIC_LABELS = {'bits_per_character': 'bits per character', 'bits_per_byte': 'bits per byte'}
+
+
+def record_metric(record: dict) -> str:
+  """The score a results line holds: bits_per_byte for a corpus (tokens of several bytes), else bits_per_character."""
+  return 'bits_per_byte' if 'bits_per_byte' in record else 'bits_per_character'
+
+
+def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length: int, request: Request,
+                    token_bytes: Optional[np.ndarray] = None) -> dict:
+  """Bits per character over the scored tokens, and by window position, at one length. With token_bytes
+  (each token's UTF-8 bytes, a corpus's tokens): bits per byte over the scored tokens' bytes, and per token."""
   stride = min(length - 1, max(1, int(round(request.stride_fraction * length))))
   plan = windows.plan(len(stream), length, request.protocol, stride)
-  total, scored = 0.0, 0
+  total, scored, scored_bytes = 0.0, 0, 0
   by_position, counted = np.zeros(length), 0
   for first in range(0, len(plan), request.batch_size):
     chunk = plan[first:first + request.batch_size]
@@ -155,10 +165,14 @@ def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length:
     mask = batch['scored'][:len(chunk)]
     total += float(bits[mask].sum())
     scored += int(mask.sum())
+    if token_bytes is not None:
+      scored_bytes += int(token_bytes[batch['targets'][:len(chunk)]][mask].sum())
     by_position += bits.sum(axis=0)
     counted += len(chunk)
   by_position /= counted
-  return dict(length=length, bits_per_character=total / scored, scored_tokens=scored, windows=len(plan),
+  scores = dict(bits_per_character=total / scored) if token_bytes is None else dict(
+      bits_per_byte=total / scored_bytes, bits_per_token=total / scored, scored_bytes=scored_bytes)
+  return dict(length=length, **scores, scored_tokens=scored, windows=len(plan),
               stride=stride if request.protocol == 'sliding' else length,
               bits_by_position=[round(float(b), 5) for b in by_position[1:]])  # position 1 .. L-1
 
@@ -210,7 +224,7 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   config, task = checkpoints.run_model(workdir)
   if not hasattr(task, 'stream') or task.settings.model_kind != 'decoder_only':
     raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
-                     f'language model run (shakespeare)')
+                     f'language model run (shakespeare, corpus)')
   step = checkpoints.newest_intact_step(workdir)
   if request.method not in METHODS:
     raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
@@ -269,12 +283,14 @@ def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
     if length in results:
       continue
     started = time.time()
-    record = evaluate_length(bits_function, params, stream, evaluation.task.bos, length, request)
+    record = evaluate_length(bits_function, params, stream, evaluation.task.bos, length, request,
+                             getattr(evaluation.task, 'token_bytes', None))
     record['seconds'] = round(time.time() - started, 1)
     append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))
     results[length] = record
-    log(f'{evaluation.workdir} {request.method}: length {length}: {record["bits_per_character"]:.4f} bits per '
-        f'character ({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
+    metric = record_metric(record)
+    log(f'{evaluation.workdir} {request.method}: length {length}: {record[metric]:.4f} {METRIC_LABELS[metric]} '
+        f'({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
   return directory, {length: results[length] for length in evaluation.lengths}
 
 

@@ -24,7 +24,7 @@ SUMMARY_FILE = 'summary.json'
 
 # Fields added after records were written, with the value every run had before the field existed: a
 # record without one ran with that value, so it is read as having it.
-ADDED_FIELDS = {'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto', 'model.position.interpolation_factor': 1.0,
+ADDED_FIELDS = {'task.path': '', 'task.packing': 'stream', 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto', 'model.position.interpolation_factor': 1.0,
                 'model.position.temperature_scale': 0.0, 'model.position.temperature_floor': 8192,
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
 

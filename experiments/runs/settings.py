@@ -287,7 +287,11 @@ def seed_workdirs(workdir: str, first_seed: int, seeds: int) -> list[str]:
 
 
 def to_dict(experiment: Experiment) -> dict:
-  """The run record: every field, model.position flat (its kind and that variant's settings)."""
+  """The run record: every field, model.position flat (its kind and that variant's settings), and under
+  data.identity what names the task's data beyond its settings (a prepared corpus), when it has such."""
   record = dataclasses.asdict(experiment)
   record['model']['position'] = experiment.model.position.fields()
+  identity = TASKS[experiment.task.name](experiment.task).data_identity()
+  if identity is not None:
+    record['data'] = {'identity': identity}
   return record

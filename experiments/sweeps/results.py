@@ -15,12 +15,13 @@ from experiments.shared.files import save_figure_atomically, write_json_atomical
 
 FAILURES_FILE = 'failures.json'
 EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
-MAIN_METRICS = ('bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'auc', 'mae', 'mse')
+MAIN_METRICS = ('bits_per_byte', 'bits_per_token', 'bits_per_character', 'token_accuracy', 'sequence_accuracy', 'accuracy', 'auc', 'mae', 'mse')
 METRIC_RANGE = {'token_accuracy': (0.0, 1.0), 'sequence_accuracy': (0.0, 1.0), 'accuracy': (0.0, 1.0),
-                'auc': (0.0, 1.0), 'bits_per_character': (0.0, math.inf), 'mae': (0.0, math.inf),
+                'auc': (0.0, 1.0), 'bits_per_byte': (0.0, math.inf), 'bits_per_token': (0.0, math.inf),
+                'bits_per_character': (0.0, math.inf), 'mae': (0.0, math.inf),
                 'mse': (0.0, math.inf)}
 HIGHER_IS_BETTER = {'token_accuracy': True, 'sequence_accuracy': True, 'accuracy': True, 'auc': True,
-                    'bits_per_character': False, 'mae': False, 'mse': False}
+                    'bits_per_byte': False, 'bits_per_token': False, 'bits_per_character': False, 'mae': False, 'mse': False}
 
 
 def baseline_of(name: str):

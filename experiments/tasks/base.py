@@ -45,6 +45,8 @@ class TaskSettings:
   dataset: str = ''
   horizon: int = 1
   patch_length: int = 1
+  path: str = ''
+  packing: str = 'stream'
 
 
 class Task(abc.ABC):
@@ -71,6 +73,11 @@ class Task(abc.ABC):
   def model_fields(self) -> dict:
     """ModelConfig fields the task decides (e.g. num_outputs, input_features)."""
     return {}
+
+  def data_identity(self) -> str | None:
+    """What names the task's data beyond its settings (a prepared corpus's SHA-256), recorded with a run so
+    that a resume or a sweep on other data is refused; None when the settings name the data."""
+    return None
 
   def validate(self) -> str | None:
     """A one-line message naming the field when the settings cannot work for this task."""

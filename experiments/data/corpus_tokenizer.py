@@ -1,0 +1,81 @@
+"""A corpus's tokenizer: raw UTF-8 bytes, or a byte-level BPE (Sennrich et al. 2016, on bytes as GPT-2)
+trained offline with Hugging Face `tokenizers`. Either has one special token, EOD, written after every
+document.
+
+token_bytes() gives each token's length in UTF-8 bytes, so that a loss in bits per token becomes bits
+per byte, a score that compares across tokenizers: bits_per_byte = sum of -log2 p(token) / sum of the
+tokens' bytes. EOD stands for the boundary between two documents and counts as one byte.
+"""
+
+import numpy as np
+
+EOD_TOKEN = '<|endoftext|>'
+KINDS = ('bytes', 'bpe')
+SMALLEST_BPE = 257  # the 256 bytes and EOD
+
+
+class ByteTokenizer:
+  """Token i < 256 is the byte i; EOD is 256."""
+  kind = 'bytes'
+  vocab_size = 257
+  eod = 256
+
+  def encode_batch(self, documents: list[str]) -> list[np.ndarray]:
+    return [np.frombuffer(document.encode('utf-8'), np.uint8).astype(np.uint32) for document in documents]
+
+  def decode(self, ids) -> str:
+    return bytes(int(i) for i in ids if i < 256).decode('utf-8', 'replace')
+
+  def token_bytes(self) -> np.ndarray:
+    return np.ones(self.vocab_size, np.int64)
+
+  def to_str(self) -> str:
+    return ''
+
+
+class BpeTokenizer:
+  """Byte-level BPE: text split as GPT-2 splits it (words with their leading space, digits, punctuation,
+  whitespace), each piece's bytes mapped to printable characters, merged by the learned merges."""
+  kind = 'bpe'
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+    self.vocab_size = tokenizer.get_vocab_size()
+    self.eod = tokenizer.token_to_id(EOD_TOKEN)
+    if self.eod is None:
+      raise ValueError(f'tokenizer: no {EOD_TOKEN} token; valid: a tokenizer.json written by prepare_corpus')
+
+  @classmethod
+  def train(cls, documents, vocab_size: int) -> 'BpeTokenizer':
+    """Merges learned from the documents (an iterable of str) until vocab_size tokens, EOD the first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOD_TOKEN], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(documents, trainer=trainer)
+    return cls(tokenizer)
+
+  @classmethod
+  def from_str(cls, text: str) -> 'BpeTokenizer':
+    from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+    return cls(Tokenizer.from_str(text))
+
+  def encode_batch(self, documents: list[str]) -> list[np.ndarray]:
+    encodings = self.tokenizer.encode_batch(documents, add_special_tokens=False)
+    return [np.asarray(encoding.ids, np.uint32) for encoding in encodings]
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def token_bytes(self) -> np.ndarray:
+    """A byte-level token's characters are its bytes, one each; EOD counts as one."""
+    lengths = np.ones(self.vocab_size, np.int64)
+    for token, index in self.tokenizer.get_vocab(with_added_tokens=False).items():
+      lengths[index] = len(token)
+    lengths[self.eod] = 1
+    return lengths
+
+  def to_str(self) -> str:
+    return self.tokenizer.to_str()

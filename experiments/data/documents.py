@@ -1,0 +1,176 @@
+"""Documents from a user's text, streamed: files, folder trees and globs of `.txt` and `.jsonl` files,
+either of them compressed as `.gz` or `.xz`.
+
+A document is a whole `.txt` file, or each piece of one between occurrences of a separator, or the text
+field of each `.jsonl` line. Files are read in blocks and decoded incrementally, so memory holds one
+document (and one block) at a time; empty documents are skipped. A file that is not valid UTF-8 is an
+InputError naming the file and the byte offset (of the decompressed text), unless errors='replace'.
+"""
+
+import codecs
+import dataclasses
+import glob
+import gzip
+import hashlib
+import json
+import lzma
+import os
+from typing import Iterator, Optional
+
+TEXT_SUFFIXES = ('.txt', '.jsonl')
+COMPRESSED_SUFFIXES = ('.gz', '.xz')
+BLOCK_BYTES = 1 << 20
+ERRORS = ('strict', 'replace')
+
+
+class InputError(ValueError):
+  """The input cannot be read as documents: the message names the file and what would be valid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+  path: str    # as found from the --input argument (relative when it was)
+  bytes: int   # on disk
+  sha256: str  # of the bytes on disk
+
+
+def _kind(path: str) -> Optional[str]:
+  """'.txt' or '.jsonl' for a readable file name (a compressed one by the name inside), else None."""
+  name = path.lower()
+  for suffix in COMPRESSED_SUFFIXES:
+    if name.endswith(suffix):
+      name = name[:-len(suffix)]
+  return next((suffix for suffix in TEXT_SUFFIXES if name.endswith(suffix)), None)
+
+
+def _valid_names() -> str:
+  return f'{" or ".join(TEXT_SUFFIXES)} files, optionally {" or ".join(COMPRESSED_SUFFIXES)} compressed'
+
+
+def find_files(arguments: list[str]) -> list[str]:
+  """The files the --input arguments name, in sorted order without repeats: a file, a folder (every
+  readable file under it, at any depth) or a glob. An argument that names nothing readable is refused."""
+  found = set()
+  for argument in arguments:
+    if os.path.isdir(argument):
+      matches = [os.path.join(root, name) for root, _, names in os.walk(argument) for name in names]
+      matches = [path for path in matches if _kind(path)]
+      if not matches:
+        raise InputError(f'--input: got {argument!r}, a folder with no {_valid_names()} under it; valid: a '
+                         f'folder that holds some')
+    elif os.path.isfile(argument):
+      if not _kind(argument):
+        raise InputError(f'--input: got {argument!r}; valid: {_valid_names()}')
+      matches = [argument]
+    else:
+      matches = [path for path in glob.glob(argument, recursive=True) if os.path.isfile(path) and _kind(path)]
+      if not matches:
+        raise InputError(f'--input: got {argument!r}, which matches no {_valid_names()}; valid: a file, a '
+                         f'folder or a glob that names some')
+    found.update(os.path.normpath(path) for path in matches)
+  return sorted(found)
+
+
+def describe(path: str) -> InputFile:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as file:
+    for block in iter(lambda: file.read(BLOCK_BYTES), b''):
+      digest.update(block)
+  return InputFile(path, os.path.getsize(path), digest.hexdigest())
+
+
+def is_compressed(path: str) -> bool:
+  return path.lower().endswith(COMPRESSED_SUFFIXES)
+
+
+def _open(path: str):
+  name = path.lower()
+  if name.endswith('.gz'):
+    return gzip.open(path, 'rb')
+  if name.endswith('.xz'):
+    return lzma.open(path, 'rb')
+  return open(path, 'rb')
+
+
+def _not_utf8(path: str, offset: int) -> InputError:
+  return InputError(f'{path}: not valid UTF-8 at byte {offset}; valid: UTF-8 text, or --errors=replace to '
+                    f'replace what does not decode')
+
+
+def _text_blocks(path: str, errors: str) -> Iterator[str]:
+  """The file's decompressed text, decoded block by block."""
+  decoder = codecs.getincrementaldecoder('utf-8')(errors)
+  consumed = 0
+  try:
+    with _open(path) as file:
+      while True:
+        block = file.read(BLOCK_BYTES)
+        pending = len(decoder.getstate()[0])
+        try:
+          text = decoder.decode(block, final=not block)
+        except UnicodeDecodeError as error:
+          raise _not_utf8(path, consumed - pending + error.start) from None
+        consumed += len(block)
+        if text:
+          yield text
+        if not block:
+          return
+  except (OSError, EOFError, lzma.LZMAError) as error:
+    raise InputError(f'{path}: cannot be read ({type(error).__name__}: {error}); valid: a readable file, '
+                     f'whole if compressed') from None
+
+
+def _jsonl_documents(path: str, text_field: str, errors: str) -> Iterator[str]:
+  offset = 0
+  try:
+    with _open(path) as file:
+      for number, line in enumerate(file, 1):
+        try:
+          decoded = line.decode('utf-8', errors)
+        except UnicodeDecodeError as error:
+          raise _not_utf8(path, offset + error.start) from None
+        offset += len(line)
+        if not decoded.strip():
+          continue
+        try:
+          record = json.loads(decoded)
+        except json.JSONDecodeError as error:
+          raise InputError(f'{path}: line {number} is not JSON ({error.msg}); valid: one JSON object per '
+                           f'line') from None
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+          raise InputError(f'{path}: line {number} has no string field {text_field!r}; valid: --text_field '
+                           f'naming the field that holds each document\'s text')
+        yield text
+  except (OSError, EOFError, lzma.LZMAError) as error:
+    raise InputError(f'{path}: cannot be read ({type(error).__name__}: {error}); valid: a readable file, '
+                     f'whole if compressed') from None
+
+
+def read_documents(path: str, separator: str = '', text_field: str = 'text', errors: str = 'strict') -> Iterator[str]:
+  """The non-empty documents of one file, in order."""
+  if errors not in ERRORS:
+    raise InputError(f'--errors: got {errors!r}; valid: {", ".join(ERRORS)}')
+  if _kind(path) == '.jsonl':
+    yield from (text for text in _jsonl_documents(path, text_field, errors) if text)
+    return
+  buffer = ''
+  for text in _text_blocks(path, errors):
+    search_from = max(0, len(buffer) - len(separator) + 1)  # a separator may straddle two blocks
+    buffer += text
+    if separator:
+      cut = 0
+      while (found := buffer.find(separator, search_from)) >= 0:
+        if found > cut:
+          yield buffer[cut:found]
+        cut = search_from = found + len(separator)
+      buffer = buffer[cut:]
+  if buffer:
+    yield buffer
+
+
+def split_of(document: str, heldout_fraction: float) -> str:
+  """'heldout' or 'train', from the SHA-256 of the document's UTF-8 text: the same document always lands
+  in the same split whatever else the corpus holds, and equal documents land together."""
+  digest = hashlib.sha256(document.encode('utf-8', 'surrogatepass')).digest()
+  return 'heldout' if int.from_bytes(digest[:8], 'big') < heldout_fraction * 2.0 ** 64 else 'train'

@@ -1,0 +1,120 @@
+"""Language modelling on a prepared corpus (experiments/prepare_corpus.py), scored in bits per byte.
+
+Training windows come from train.bin and evaluation windows from heldout.bin only, each of task.max_length
+(or an evaluation length) tokens, read through a memory map from starts drawn from (seed, split, step,
+length). With task.packing = 'stream' a window runs across document boundaries (the EOD tokens between
+documents stay in it). As in the Shakespeare task, a window's inputs are EOD then its first L - 1 tokens,
+so every window starts with the token that begins a document, and the first target goes unscored.
+
+bits_per_byte = sum of -log2 p(target) / sum of the targets' UTF-8 bytes (EOD: one), a score that
+compares tokenizers; bits_per_token beside it; and on evaluation the unigram model of the training tokens
+(add-one smoothing) on the same targets, the baseline a Transformer must beat.
+"""
+
+import functools
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.data.corpus import open_corpus
+from experiments.data.manifest import DataError
+from experiments.tasks.base import Task, batch_rng, summarize, token_loss_and_metrics
+
+PACKINGS = ('stream',)
+SPLIT_FILES = {'train': 'train', 'eval': 'heldout', 'test': 'heldout'}
+REBUILD = 'python -m experiments.prepare_corpus --input=... --output=DIR'
+
+
+@functools.lru_cache(maxsize=2)
+def _unigram_bits(directory: str) -> np.ndarray:
+  """-log2 p(token) under the training tokens' unigram model, add-one smoothed: [V]."""
+  corpus = open_corpus(directory)
+  tokens = corpus.tokens('train')
+  counts = np.ones(corpus.vocab_size, np.float64)
+  for start in range(0, len(tokens), 1 << 24):
+    counts += np.bincount(tokens[start:start + (1 << 24)], minlength=corpus.vocab_size)
+  return -np.log2(counts / counts.sum())
+
+
+class Corpus(Task):
+  model_kinds = ('decoder_only',)
+  headline_metric = 'bits_per_byte'
+
+  @property
+  def corpus(self):
+    return open_corpus(self.settings.path)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.corpus.vocab_size
+
+  @property
+  def bos(self) -> int:
+    """The token in front of every window: EOD, which precedes every document but the first."""
+    return self.corpus.eod
+
+  @property
+  def token_bytes(self) -> np.ndarray:
+    """Each token's UTF-8 bytes (EOD: one): the denominator of bits per byte."""
+    return self.corpus.token_bytes
+
+  def data_identity(self) -> str:
+    return self.corpus.identity
+
+  def validate(self):
+    settings = self.settings
+    if not settings.path:
+      return f'task.path: empty; valid: a folder that {REBUILD} wrote'
+    if settings.packing not in PACKINGS:
+      return f'task.packing: got {settings.packing!r}; valid: {", ".join(PACKINGS)}'
+    try:
+      corpus = self.corpus
+    except DataError as error:
+      return f'task.path: {error}'
+    for split, lengths, field in (('train', (settings.max_length,), 'task.max_length'),
+                                  ('heldout', settings.eval_lengths, 'task.eval_lengths')):
+      available = len(corpus.tokens(split))
+      if max(lengths) >= available:
+        return (f'{field}: got {max(lengths)}; valid: lengths below the {available} tokens of {settings.path}\'s '
+                f'{split} split')
+    return None
+
+  def sequence_length(self, length: int) -> int:
+    return length
+
+  def stream(self, split: str) -> np.ndarray:
+    """The split's tokens, documents one after another (EOD between them), as a memory map."""
+    return self.corpus.tokens(SPLIT_FILES[split])
+
+  def batch(self, seed, step, split, batch_size, length=None):
+    tokens = self.stream(split)
+    length = length or self.settings.max_length
+    starts = batch_rng(seed, split, step, length).integers(0, len(tokens) - length + 1, size=batch_size)
+    targets = np.stack([tokens[start:start + length] for start in starts]).astype(np.int32)
+    inputs = np.concatenate([np.full((batch_size, 1), self.bos, np.int32), targets[:, :-1]], axis=1)
+    weights = np.ones((batch_size, length), np.float32)
+    weights[:, 0] = 0.0  # the first target has EOD alone before it, which every window starts with
+    return dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool))
+
+  def model_inputs(self, batch):
+    return (batch['inputs'],), dict(valid_BxL=batch['valid'])
+
+  def loss_and_metrics(self, logits_BxLtxC, batch, label_smoothing: float = 0.0) -> dict:
+    metrics = token_loss_and_metrics(logits_BxLtxC, batch['targets'], batch['weights'], label_smoothing)
+    token_bytes = jnp.asarray(self.token_bytes, jnp.float32)
+    metrics['byte_sum'] = jnp.sum(token_bytes[batch['targets']] * batch['weights'].astype(jnp.float32))
+    return metrics
+
+  def host_metrics(self, batch):
+    unigram = _unigram_bits(self.corpus.directory)
+    return dict(unigram_bits_sum=float((unigram[batch['targets']] * batch['weights']).sum()))
+
+  def summarize(self, sums):
+    summary = summarize(sums)
+    summary['bits_per_token'] = summary['cross_entropy'] / math.log(2)
+    byte_sum = max(float(sums['byte_sum']), 1.0)
+    summary['bits_per_byte'] = float(sums['cross_entropy_sum']) / math.log(2) / byte_sum
+    if 'unigram_bits_sum' in sums:
+      summary['unigram_bits_per_byte'] = float(sums['unigram_bits_sum']) / byte_sum
+    return summary

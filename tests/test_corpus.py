@@ -1,0 +1,301 @@
+"""A user's corpus: prepare_corpus (documents, split by document, tokenizers, manifest, refusals) and the
+corpus task (windows from the memory maps, bits per byte, the run's record of its data)."""
+
+import gzip
+import json
+import lzma
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments.data import corpus as corpus_format
+from experiments.data import documents
+from experiments.data.corpus_tokenizer import BpeTokenizer, ByteTokenizer
+from experiments.data.manifest import DataError
+from tests.helpers import ROOT, subprocess_environment
+
+WORDS = ('the of and to a in is that it was for on are with as be his they at one have this from caf\u00e9 '
+         'ni\u00f1o \u00fcber na\u00efve \u4e2d\u6587').split()
+
+
+def _text(rng: np.random.Generator, words: int) -> str:
+  lines = [' '.join(rng.choice(WORDS, size=int(rng.integers(3, 12)))) for _ in range(max(1, words // 8))]
+  return '\n'.join(lines) + '\n'
+
+
+def _write_inputs(folder, seed: int = 0, count: int = 24) -> dict:
+  """A tree of .txt, .txt.xz and .jsonl.gz documents; {document text: where it is}."""
+  rng = np.random.default_rng(seed)
+  written = {}
+  os.makedirs(folder / 'nested', exist_ok=True)
+  for index in range(count):
+    text = _text(rng, int(rng.integers(10, 80)))
+    path = folder / f'doc{seed}-{index}.txt'
+    path.write_text(text, encoding='utf-8')
+    written[text] = str(path)
+  xz_text = _text(rng, 40)
+  with lzma.open(folder / 'nested' / f'packed{seed}.txt.xz', 'wt', encoding='utf-8') as file:
+    file.write(xz_text)
+  written[xz_text] = 'xz'
+  with gzip.open(folder / 'nested' / f'lines{seed}.jsonl.gz', 'wt', encoding='utf-8') as file:
+    for _ in range(6):
+      text = _text(rng, 20)
+      file.write(json.dumps({'text': text, 'id': 1}) + '\n')
+      written[text] = 'jsonl'
+  (folder / 'nested' / 'ignored.csv').write_text('not,a,document\n')
+  return written
+
+
+def prepare(*arguments, check: bool = True) -> subprocess.CompletedProcess:
+  result = subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *map(str, arguments)],
+                          capture_output=True, text=True, cwd=ROOT, env=subprocess_environment(), timeout=300)
+  if check:
+    assert result.returncode == 0, result.stderr[-3000:]
+  return result
+
+
+def _documents_of(directory, split: str) -> list[str]:
+  corpus = corpus_format.open_corpus(str(directory))
+  tokens = np.asarray(corpus.tokens(split))
+  assert tokens[-1] == corpus.eod
+  pieces = np.split(tokens, np.flatnonzero(tokens == corpus.eod) + 1)[:-1]
+  return [corpus.tokenizer.decode(piece[:-1]) for piece in pieces]
+
+
+@pytest.mark.parametrize('tokenizer', ['bytes', 'bpe'])
+def test_prepare_writes_every_document_once_in_the_split_its_hash_names(tmp_path, tokenizer):
+  written = _write_inputs(tmp_path / 'in')
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "out"}', f'--tokenizer={tokenizer}', '--vocab_size=300',
+          '--heldout_fraction=0.25')
+  manifest = json.loads((tmp_path / 'out' / 'manifest.json').read_text())
+  found = {split: _documents_of(tmp_path / 'out', split) for split in corpus_format.SPLITS}
+  assert sorted(found['train'] + found['heldout']) == sorted(written)
+  for split, texts in found.items():
+    assert all(documents.split_of(text, 0.25) == split for text in texts)
+    entry = manifest['splits'][split]
+    assert entry['documents'] == len(texts) > 0
+    assert entry['text_bytes'] == sum(len(text.encode('utf-8')) for text in texts)
+    assert entry['tokens'] == len(corpus_format.open_corpus(str(tmp_path / 'out')).tokens(split))
+  assert len(manifest['inputs']) == len(written) - 6 + 1  # the jsonl's six documents are one file; the csv is not read
+  assert manifest['dtype'] == 'uint16' and manifest['tokenizer']['kind'] == tokenizer
+  assert sorted(os.listdir(tmp_path)) == ['in', 'out']
+
+
+def test_prepare_is_byte_identical_for_the_same_inputs_and_flags(tmp_path):
+  _write_inputs(tmp_path / 'in')
+  arguments = [f'--input={tmp_path / "in"}', f'--output={tmp_path / "out"}', '--vocab_size=320']
+  prepare(*arguments)
+  first = {name: (tmp_path / 'out' / name).read_bytes() for name in os.listdir(tmp_path / 'out')}
+  os.rename(tmp_path / 'out', tmp_path / 'first')
+  prepare(*arguments)
+  second = {name: (tmp_path / 'out' / name).read_bytes() for name in os.listdir(tmp_path / 'out')}
+  assert sorted(first) == ['heldout.bin', 'manifest.json', 'tokenizer.json', 'train.bin']
+  assert first == second
+
+
+def test_adding_documents_moves_no_document_between_splits(tmp_path):
+  old = _write_inputs(tmp_path / 'in', seed=0)
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "before"}', '--tokenizer=bytes', '--heldout_fraction=0.3')
+  new = _write_inputs(tmp_path / 'in', seed=1)
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "after"}', '--tokenizer=bytes', '--heldout_fraction=0.3')
+  for split in corpus_format.SPLITS:
+    before, after = _documents_of(tmp_path / 'before', split), _documents_of(tmp_path / 'after', split)
+    assert set(before) <= set(after)
+    assert set(after) - set(before) <= set(new) - set(old)
+
+
+def test_bpe_token_bytes_add_up_to_the_utf8_length_of_any_text():
+  texts = [_text(np.random.default_rng(seed), 60) for seed in range(8)]
+  tokenizer = BpeTokenizer.train(iter(texts[:6]), 300)
+  token_bytes = tokenizer.token_bytes()
+  unseen = texts[6:] + ['\u00a1Hola!  \t tabs\n\n\u20ac 12.50 \U0001f600', 'x']
+  for text, ids in zip(unseen, tokenizer.encode_batch(unseen)):
+    assert token_bytes[ids].sum() == len(text.encode('utf-8'))
+    assert tokenizer.decode(ids) == text
+  assert token_bytes[tokenizer.eod] == 1 and tokenizer.vocab_size == 300
+  assert ByteTokenizer().token_bytes().sum() == 257
+
+
+def test_separator_splits_text_files_even_across_read_blocks(tmp_path, monkeypatch):
+  monkeypatch.setattr(documents, 'BLOCK_BYTES', 7)
+  path = tmp_path / 'book.txt'
+  path.write_text('first chapter\n===\nsecond \u00e9t\u00e9\n===\n===\nthird', encoding='utf-8')
+  assert list(documents.read_documents(str(path), separator='\n===\n')) == [
+      'first chapter', 'second \u00e9t\u00e9', '===\nthird']
+  assert list(documents.read_documents(str(path))) == [path.read_text(encoding='utf-8')]
+
+
+def test_invalid_utf8_names_the_file_and_byte_offset_unless_replaced(tmp_path, monkeypatch):
+  monkeypatch.setattr(documents, 'BLOCK_BYTES', 5)
+  path = tmp_path / 'bad.txt'
+  path.write_bytes('ab\u00e9cdef'.encode('utf-8') + b'\xff tail')
+  with pytest.raises(documents.InputError, match=r'bad.txt: not valid UTF-8 at byte 8;.*--errors=replace'):
+    list(documents.read_documents(str(path)))
+  assert list(documents.read_documents(str(path), errors='replace')) == ['ab\u00e9cdef\ufffd tail']
+  lines = tmp_path / 'bad.jsonl'
+  lines.write_bytes(b'{"text": "ok"}\n{"text": "\xc3"}\n')
+  with pytest.raises(documents.InputError, match=r'bad.jsonl: not valid UTF-8 at byte 25'):
+    list(documents.read_documents(str(lines)))
+
+
+def _assert_refused(result, *fragments, output=None):
+  assert result.returncode == 2, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and all(fragment in last for fragment in fragments), last
+  if output is not None:
+    assert not output.exists()
+    assert not any(name.startswith(output.name + '.partial') for name in os.listdir(output.parent))
+
+
+def test_prepare_refusals_write_nothing(tmp_path):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  (empty / 'a.txt').write_text('')
+  (empty / 'b.jsonl').write_text('\n')
+  out = tmp_path / 'out'
+  for tokenizer in ('bytes', 'bpe'):
+    _assert_refused(prepare(f'--input={empty}', f'--output={out}', f'--tokenizer={tokenizer}', check=False),
+                    '--input', 'no ', output=out)
+  _assert_refused(prepare(f'--input={tmp_path / "nothing*.txt"}', f'--output={out}', check=False),
+                  '--input', 'matches no', output=out)
+  bad = tmp_path / 'bad'
+  bad.mkdir()
+  (bad / 'good.txt').write_text('fine text\n')
+  (bad / 'z.txt').write_bytes(b'caf\xe9\n')
+  _assert_refused(prepare(f'--input={bad}', f'--output={out}', '--tokenizer=bytes', check=False),
+                  'z.txt', 'byte 3', '--errors=replace', output=out)
+  _assert_refused(prepare(f'--input={bad}', f'--output={out}', '--vocab_size=70000', '--dtype=uint16', check=False),
+                  '--dtype', 'uint16', '69999', output=out)
+  _assert_refused(prepare(f'--input={bad}', f'--output={out}', '--heldout_fraction=1.5', check=False),
+                  '--heldout_fraction', '1.5', output=out)
+  _assert_refused(prepare(f'--input={bad}', f'--output={out}', '--tokenizer=bytes', '--errors=replace',
+                          '--heldout_fraction=0.01', check=False), '--heldout_fraction', 'heldout split empty',
+                  output=out)
+  kept = tmp_path / 'kept'
+  kept.mkdir()
+  (kept / 'mine.txt').write_text('keep me')
+  _assert_refused(prepare(f'--input={bad}', f'--output={kept}', check=False), '--output', 'not empty')
+  assert os.listdir(kept) == ['mine.txt']
+
+
+def test_a_failure_while_writing_leaves_no_corpus(tmp_path, monkeypatch):
+  from experiments import prepare_corpus
+  written = _write_inputs(tmp_path / 'in')
+  calls = []
+
+  class Failing(ByteTokenizer):
+    def encode_batch(self, texts):
+      calls.append(len(texts))
+      if len(calls) > 1:
+        raise OSError('disk full')
+      return super().encode_batch(texts)
+
+  monkeypatch.setattr(prepare_corpus, 'ByteTokenizer', Failing)
+  monkeypatch.setattr(prepare_corpus, 'BATCH_DOCUMENTS', 4)
+  settings = dict(output=str(tmp_path / 'out'), tokenizer='bytes', vocab_size=257, dtype='uint16', heldout_fraction=0.2,
+                  separator='', text_field='text', errors='strict', tokenizer_sample_bytes=1000)
+  with pytest.raises(OSError, match='disk full'):
+    prepare_corpus.prepare(documents.find_files([str(tmp_path / 'in')]), settings, 'test')
+  assert sorted(os.listdir(tmp_path)) == ['in'] and len(written) > 4
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  folder = tmp_path_factory.mktemp('corpus')
+  _write_inputs(folder / 'in', count=60)
+  prepare(f'--input={folder / "in"}', f'--output={folder / "out"}', '--vocab_size=300', '--heldout_fraction=0.2')
+  return folder / 'out'
+
+
+def _task(path, **changes):
+  from experiments.tasks import TASKS
+  from experiments.tasks.base import TaskSettings
+  fields = dict(name='corpus', model_kind='decoder_only', vocab_size=1, min_length=1, max_length=32,
+                eval_lengths=(32, 64), eval_batches=2, path=str(path))
+  return TASKS['corpus'](TaskSettings(**dict(fields, **changes)))
+
+
+def test_windows_are_slices_of_their_split_from_seed_and_step(prepared):
+  task = _task(prepared)
+  assert task.validate() is None
+  train, heldout = (np.asarray(task.stream(split)) for split in ('train', 'eval'))
+  batch = task.batch(3, 7, 'train', 8)
+  assert np.array_equal(batch['inputs'], task.batch(3, 7, 'train', 8)['inputs'])
+  assert not np.array_equal(batch['inputs'], task.batch(3, 8, 'train', 8)['inputs'])
+  for split, stream, length in (('train', train, 32), ('eval', heldout, 64)):
+    batch = task.batch(0, 1, split, 4, length=None if split == 'train' else length)
+    assert batch['inputs'].shape == (4, length)
+    for inputs, targets in zip(batch['inputs'], batch['targets']):
+      starts = [s for s in range(len(stream) - length + 1) if np.array_equal(stream[s:s + length], targets)]
+      assert starts, 'a window that is not a slice of its split'
+      assert inputs[0] == task.bos and np.array_equal(inputs[1:], targets[:-1])
+    assert np.all(batch['weights'][:, 0] == 0) and np.all(batch['weights'][:, 1:] == 1)
+
+
+def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_tokens_over_bytes(prepared):
+  import jax.numpy as jnp
+  task = _task(prepared)
+  batch = task.batch(0, 0, 'eval', 4, length=64)
+  logits = jnp.zeros((*batch['targets'].shape, task.vocab_size))
+  sums = {name: float(value) for name, value in task.loss_and_metrics(logits, batch).items()}
+  sums.update(task.host_metrics(batch))
+  summary = task.summarize(sums)
+  scored = batch['weights'] > 0
+  scored_bytes = task.token_bytes[batch['targets']][scored].sum()
+  assert summary['bits_per_token'] == pytest.approx(math.log2(task.vocab_size), rel=1e-5)
+  assert summary['bits_per_byte'] == pytest.approx(math.log2(task.vocab_size) * scored.sum() / scored_bytes, rel=1e-5)
+  counts = np.bincount(np.asarray(task.stream('train')), minlength=task.vocab_size) + 1.0
+  unigram = -np.log2(counts / counts.sum())[batch['targets']][scored].sum() / scored_bytes
+  assert summary['unigram_bits_per_byte'] == pytest.approx(unigram, rel=1e-6)
+
+
+def test_a_changed_or_missing_file_is_refused_naming_it(prepared, tmp_path):
+  import shutil
+  for name, damage in (('train.bin', 'change'), ('heldout.bin', 'remove'), ('tokenizer.json', 'change')):
+    copy = tmp_path / f'{name}-{damage}'
+    shutil.copytree(prepared, copy)
+    if damage == 'remove':
+      os.remove(copy / name)
+    else:
+      data = bytearray((copy / name).read_bytes())
+      data[len(data) // 2] ^= 1
+      (copy / name).write_bytes(bytes(data))
+    problem = _task(copy).validate()
+    assert problem.startswith('task.path: ') and name in problem
+    assert ('missing' if damage == 'remove' else 'changed since it was prepared') in problem
+  assert _task(tmp_path / 'nowhere').validate().startswith('task.path: ')
+  with pytest.raises(DataError, match='not a prepared corpus'):
+    (tmp_path / 'other').mkdir()
+    (tmp_path / 'other' / 'manifest.json').write_text('{"format": "something else"}')
+    corpus_format.open_corpus(str(tmp_path / 'other'))
+  assert 'task.eval_lengths' in _task(prepared, eval_lengths=(10 ** 7,)).validate()
+  assert 'task.packing' in _task(prepared, packing='bags').validate()
+
+
+@pytest.mark.slow
+def test_a_run_is_refused_on_a_corpus_prepared_again_with_other_text(tmp_path):
+  _write_inputs(tmp_path / 'in', count=30)
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2')
+  train = [sys.executable, '-m', 'experiments.train', '--config=configs/corpus.py', f'--workdir={tmp_path / "run"}',
+           f'--config.task.path={tmp_path / "corpus"}', '--config.task.max_length=16', '--config.task.eval_lengths=(16,)',
+           '--config.model.model_dim=16', '--config.model.feed_forward_dim=32', '--config.model.num_decoder_layers=1',
+           '--config.model.position.kind=rope', '--config.train.batch_size=4', '--config.train.eval_every=2',
+           '--config.train.checkpoint_every=2', '--config.train.log_every=2']
+  first = subprocess.run(train + ['--config.train.steps=2'], capture_output=True, text=True, cwd=ROOT,
+                         env=subprocess_environment(), timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  recorded = json.loads((tmp_path / 'run' / 'config.json').read_text())['data']['identity']
+  assert recorded == json.loads((tmp_path / 'corpus' / 'manifest.json').read_text())['identity']
+  os.rename(tmp_path / 'corpus', tmp_path / 'old')
+  _write_inputs(tmp_path / 'in', seed=5, count=3)
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2')
+  before = sorted(os.listdir(tmp_path / 'run'))
+  again = subprocess.run(train + ['--config.train.steps=4'], capture_output=True, text=True, cwd=ROOT,
+                         env=subprocess_environment(), timeout=600)
+  assert again.returncode == 2
+  assert 'data.identity' in again.stderr and recorded in again.stderr
+  assert sorted(os.listdir(tmp_path / 'run')) == before
