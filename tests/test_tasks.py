@@ -11,7 +11,7 @@ import pytest
 import transformer
 from configs import algorithmic, base, classify as classify_config, forecast as forecast_config
 from configs import shakespeare as shakespeare_config, smoke, tracing as tracing_config
-from configs import translation as translation_config
+from configs import corpus as corpus_config, translation as translation_config
 from experiments.runs import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
 from experiments.data.manifest import DataError
@@ -211,7 +211,7 @@ CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t 
     ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config)] + [
     (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES] + [
     ('classify.py', classify_config.get_config), ('tracing.py', tracing_config.get_config),
-    ('translation.py', translation_config.get_config)]
+    ('translation.py', translation_config.get_config), ('corpus.py', corpus_config.get_config)]
 
 
 @pytest.mark.slow
@@ -220,7 +220,7 @@ def test_every_config_trains_end_to_end(tmp_path, name, make):
   config = make()
   changes = {'model.model_dim': 32, 'model.feed_forward_dim': 64, 'model.num_encoder_layers': 1,
              'model.num_decoder_layers': 1, 'task.eval_lengths': tuple(config.task.eval_lengths[:2])}
-  if name == 'shakespeare.py':
+  if name in ('shakespeare.py', 'corpus.py'):
     changes.update({'task.max_length': 32, 'task.eval_lengths': (32, 64)})
   experiment = _quick(config, **changes)
   evaluation_records = trainer.run(experiment, str(tmp_path))
