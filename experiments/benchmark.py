@@ -1,4 +1,4 @@
-"""Benchmarks, one command with three subcommands (each prints a table; see BENCHMARKS.md):
+"""Benchmarks, one command with five subcommands (each prints a table; see BENCHMARKS.md):
 
   python -m experiments.benchmark [step] [--positions=all --lengths=256,1024 --peer ...]
       the training step of every positional variant: time, tokens/s, MFU, peak memory
@@ -12,6 +12,9 @@
   python -m experiments.benchmark seeds [--configs=configs/algorithmic.py:copy --seeds=1,2,4,8 ...]
       the training step of N seeds in one program (jax.vmap) against one seed alone
       (experiments/benchmarks/seeds.py)
+  python -m experiments.benchmark corpus [--sizes_mb=50,200 --tokenizers=bytes,bpe ...]
+      prepare_corpus's throughput and peak memory by input size, and the data loader's share of a step
+      (experiments/benchmarks/corpus.py)
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -37,12 +40,17 @@ def _matmul():
   return matmul
 
 
+def _corpus():
+  from experiments.benchmarks import corpus
+  return corpus
+
+
 def _seeds():
   from experiments.benchmarks import seeds
   return seeds
 
 
-SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds}  # each module defines its own flags
+SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds, 'corpus': _corpus}  # each module defines its own flags
 
 
 def main():

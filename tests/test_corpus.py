@@ -183,7 +183,7 @@ def test_prepare_refusals_write_nothing(tmp_path):
 
 
 def test_a_failure_while_writing_leaves_no_corpus(tmp_path, monkeypatch):
-  from experiments import prepare_corpus
+  from experiments.data import corpus_writer
   written = _write_inputs(tmp_path / 'in')
   calls = []
 
@@ -194,12 +194,12 @@ def test_a_failure_while_writing_leaves_no_corpus(tmp_path, monkeypatch):
         raise OSError('disk full')
       return super().encode_batch(texts)
 
-  monkeypatch.setattr(prepare_corpus, 'ByteTokenizer', Failing)
-  monkeypatch.setattr(prepare_corpus, 'BATCH_DOCUMENTS', 4)
+  monkeypatch.setattr(corpus_writer, 'ByteTokenizer', Failing)
+  monkeypatch.setattr(corpus_writer, 'BATCH_DOCUMENTS', 4)
   settings = dict(output=str(tmp_path / 'out'), tokenizer='bytes', vocab_size=257, dtype='uint16', heldout_fraction=0.2,
-                  separator='', text_field='text', errors='strict', tokenizer_sample_bytes=1000)
+                  separator='', text_field='text', errors='strict', tokenizer_sample_bytes=1000, inputs=['in'])
   with pytest.raises(OSError, match='disk full'):
-    prepare_corpus.prepare(documents.find_files([str(tmp_path / 'in')]), settings, 'test')
+    corpus_writer.prepare(documents.find_files([str(tmp_path / 'in')]), settings, 'test')
   assert sorted(os.listdir(tmp_path)) == ['in'] and len(written) > 4
 
 
@@ -299,3 +299,65 @@ def test_a_run_is_refused_on_a_corpus_prepared_again_with_other_text(tmp_path):
   assert again.returncode == 2
   assert 'data.identity' in again.stderr and recorded in again.stderr
   assert sorted(os.listdir(tmp_path / 'run')) == before
+
+
+def test_documents_packing_restarts_positions_at_each_eod_input(prepared):
+  task = _task(prepared, packing='documents', max_length=64)
+  assert task.validate() is None
+  batch = task.batch(0, 2, 'train', 8)
+  eod = task.bos
+  assert (batch['inputs'][:, 1:] == eod).any(), 'no document boundary inside a window: the check would be empty'
+  for inputs, positions, segments in zip(batch['inputs'], batch['positions'], batch['segments']):
+    position, segment = -1, -1
+    for index, token in enumerate(inputs):  # a naive walk along the row
+      if token == eod or index == 0:
+        position, segment = 0, segment + 1
+      else:
+        position += 1
+      assert positions[index] == position and segments[index] == segment
+  assert 'positions' not in _task(prepared).batch(0, 2, 'train', 8)
+  args, kwargs = task.model_inputs(batch)
+  assert np.array_equal(kwargs['positions_BxL'], batch['positions']) and np.array_equal(args[0], batch['inputs'])
+
+
+def test_documents_packing_refuses_a_window_longer_than_every_document(prepared):
+  corpus = corpus_format.open_corpus(str(prepared))
+  longest = int(np.diff(np.append(corpus.document_starts('train'), len(corpus.tokens('train')))).max())
+  assert _task(prepared, packing='documents', max_length=longest, eval_lengths=(32,)).validate() is None
+  problem = _task(prepared, packing='documents', max_length=longest + 1, eval_lengths=(32,)).validate()
+  assert problem.startswith(f'task.max_length: got {longest + 1} with task.packing=\'documents\'; valid: at most '
+                            f'{longest}')
+  assert _task(prepared, max_length=longest + 1, eval_lengths=(32,)).validate() is None  # a stream runs on
+
+
+def test_documents_packing_is_refused_where_the_model_cannot_pack(prepared):
+  import jax
+  from configs import corpus as corpus_config
+  from experiments.runs import settings
+  from tests.helpers import with_overrides
+  base = {'task.path': str(prepared), 'task.packing': 'documents', 'task.max_length': 32, 'task.eval_lengths': (32,)}
+  for changes, message in (({'model.position.kind': 'cope'}, 'model.position.kind: got \'cope\''),
+                           ({'model.architecture': 'lstm'}, 'task.packing: got \'documents\' with model.architecture'),
+                           ({'model.randomized_max_length': 64}, 'model.randomized_max_length: got 64')):
+    with pytest.raises(settings.ConfigError, match=message):
+      settings.from_config_dict(with_overrides(corpus_config.get_config(), dict(base, **changes)), jax.device_count())
+  settings.from_config_dict(with_overrides(corpus_config.get_config(), base), jax.device_count())
+
+
+@pytest.mark.slow
+def test_a_run_packed_by_document_trains_and_evaluates_at_longer_windows(prepared, tmp_path):
+  import jax
+  from configs import corpus as corpus_config
+  from experiments.runs import long_context, settings, trainer
+  from tests.helpers import with_overrides
+  changes = {'task.path': str(prepared), 'task.packing': 'documents', 'task.max_length': 32, 'task.eval_lengths': (32, 64),
+             'model.model_dim': 16, 'model.feed_forward_dim': 32, 'model.num_decoder_layers': 1,
+             'model.position.kind': 'alibi', 'train.steps': 4, 'train.eval_every': 4,
+             'train.checkpoint_every': 4, 'train.log_every': 2, 'task.eval_batches': 1, 'train.batch_size': 8}
+  experiment = settings.from_config_dict(with_overrides(corpus_config.get_config(), changes), jax.device_count())
+  records = trainer.run(experiment, str(tmp_path / 'run'))
+  assert sorted(records) == [32, 64]
+  assert all(0 < records[n]['bits_per_byte'] < records[n]['unigram_bits_per_byte'] * 2 for n in records)
+  request = long_context.Request('none', 1.0, 'sliding', 0.5, 512, 8)
+  _, results = long_context.evaluate_run(str(tmp_path / 'run'), [32, 64], request, log=lambda line: None)
+  assert all(np.isfinite(results[n]['bits_per_byte']) and results[n]['scored_bytes'] > 0 for n in (32, 64))

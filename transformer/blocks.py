@@ -15,7 +15,7 @@ import numpy as np
 from transformer.attention_request import AttentionMask, AttentionPositions
 from transformer.config import ModelConfig
 from transformer.layers import Dropout, FeedForward, LayerNorm
-from transformer.masks import causal_mask, cross_attention_mask, self_attention_mask
+from transformer.masks import causal_mask, cross_attention_mask, segment_mask, self_attention_mask
 from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
 from transformer.positions.randomized import randomized_positions
@@ -51,20 +51,21 @@ class TransformerLayer(nn.Module):
   has_cls: bool = False
   deterministic: bool = True  # no dropout (an attribute, not an argument: nn.remat traces every argument)
   layer_index: int = 0  # this layer's place in its stack (0 first), for its position hooks
+  packed: bool = False  # rows hold several documents: the self-attention mask is not only causal and padding
 
   @nn.compact
-  def __call__(self, x_BxLxD, *, self_mask, positions_1xL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
-               key_positions_1xLk=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
+  def __call__(self, x_BxLxD, *, self_mask, positions_BxL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
+               key_positions_BxLk=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
                memory_valid_BxLs=None, kernel_shared: Shared = None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
     valid_BxL, memory_valid_BxLs: the padding the masks were built from, which a kernel takes as such
     (AttentionMask's parts); kernel_shared: the stack's, for the kernel's position terms.
-    key_positions_1xLk: the keys' positions when they are not the queries' (incremental decoding: the
+    key_positions_BxLk: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
     MultiHeadAttention's."""
     config, deterministic = self.config, self.deterministic
-    key_positions_1xLk = positions_1xL if key_positions_1xLk is None else key_positions_1xLk
+    key_positions_BxLk = positions_BxL if key_positions_BxLk is None else key_positions_BxLk
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = config.position.variant.layer(
@@ -73,9 +74,10 @@ class TransformerLayer(nn.Module):
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, config.attention_implementation,
                                         name='self_attention')
-    self_positions = AttentionPositions(hooks, positions_1xL, key_positions_1xLk, shared, kernel_shared)
-    # A cached step's mask is explicit (its keys are the cache's slots), not the causal mask and padding.
-    self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
+    self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared)
+    # A cached step's mask is explicit (its keys are the cache's slots), and a packed row's keeps documents
+    # apart: neither is the causal mask and padding alone.
+    self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None and not self.packed,
                                         key_valid_BxLk=valid_BxL if cache_index is None else None)
     x_BxLxD = _Residual(config, name='self_attention_residual')(
         x_BxLxD, lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
@@ -89,7 +91,7 @@ class TransformerLayer(nn.Module):
         cross_hooks = config.position.variant.layer(
             **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
             name='cross_position')
-        cross_positions = AttentionPositions(cross_hooks, positions_1xL, key_positions_1xLk, shared, kernel_shared)
+        cross_positions = AttentionPositions(cross_hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared)
       # Aligned cross-attention's mask is causal by step and the padding: not given as parts.
       cross_mask = AttentionMask(memory_mask, in_parts=not config.aligned_cross_attention,
                                  key_valid_BxLk=None if config.aligned_cross_attention else memory_valid_BxLs)
@@ -114,56 +116,68 @@ class TransformerStack(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD: chex.Array, *, valid_BxL: Optional[chex.Array] = None,
                memory_BxLsxD: Optional[chex.Array] = None, memory_valid_BxLs: Optional[chex.Array] = None,
-               deterministic: bool = True, use_cache: bool = False) -> chex.Array:
+               deterministic: bool = True, use_cache: bool = False, positions_BxL: Optional[chex.Array] = None,
+               segments_BxL: Optional[chex.Array] = None) -> chex.Array:
     """use_cache: incremental decoding of a causal stack (the 'cache' collection, mutable). The first
     call creates the cache, sized by its input's length (the capacity: every position the decoding
     will feed), and computes as without it; each later call feeds the next x_BxLxD.shape[1]
     positions (one token, or a whole prompt at once), attending over the cache instead of
     recomputing the prefix. Feeding past the capacity is not detected inside jit: size it for the
-    whole decoding."""
+    whole decoding.
+
+    positions_BxL, segments_BxL: several documents packed in a row. Each token's position within its
+    document (restarting at 0 in each) and its document's id within the row; a token attends only to
+    tokens of its own document. None: one sequence per row, at positions 0 .. L-1."""
     config = self.config
     chex.assert_rank(x_BxLxD, 3)
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
-    positions_1xL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
+    packed = positions_BxL is not None or segments_BxL is not None
+    if packed:
+      self._check_packed(x_BxLxD, positions_BxL, segments_BxL, use_cache)
+    else:
+      positions_BxL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
     if config.randomized_max_length:
-      positions_1xL = self._randomized(length, valid_BxL)
-    key_positions_1xLk, cache_index = positions_1xL, None
+      positions_BxL = self._randomized(length, valid_BxL)
+    key_positions_BxLk, cache_index = positions_BxL, None
     if use_cache:
       if not self.causal:
         raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
       step = self.has_variable('cache', 'index')
       next_index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
-      slots = self.variable('cache', 'positions', lambda: positions_1xL)  # its shape is the capacity
+      slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
       if step:
         if valid_BxL is not None:
           raise ValueError('valid_BxL: padding inside the decoded tokens is not supported with use_cache; '
                            'valid: None')
         cache_index = next_index.value
         if config.randomized_max_length:  # the positions drawn for the whole capacity by the first call
-          positions_1xL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
-          key_positions_1xLk = slots.value
+          positions_BxL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
+          key_positions_BxLk = slots.value
         else:
-          positions_1xL = cache_index + positions_1xL  # traced: the hooks take their gathering paths
-          key_positions_1xLk = np.arange(slots.value.shape[1], dtype=np.int32)[None]
+          positions_BxL = cache_index + positions_BxL  # traced: the hooks take their gathering paths
+          key_positions_BxLk = np.arange(slots.value.shape[1], dtype=np.int32)[None]
         next_index.value = cache_index + length
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
-    x_BxLxD = hooks.embed(x_BxLxD, positions_1xL).astype(config.dtype)  # a float32 table would promote
+    x_BxLxD = hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype)  # a float32 table would promote
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     # The Pallas kernel computes the terms from kernel_shared: the stack's whole-call terms would go unused.
     pallas = config.attention_implementation == 'pallas'
-    shared = None if pallas else hooks.shared(positions_1xL, key_positions_1xLk)
+    shared = None if pallas else hooks.shared(positions_BxL, key_positions_BxLk)
     kernel_shared = hooks.kernel_shared()
     if cache_index is None:
       self_mask = self_attention_mask(valid_BxL, length, self.causal)
+      if packed:
+        documents = segment_mask(segments_BxL)
+        self_mask = documents if self_mask is None else jnp.logical_and(self_mask, documents)
     else:  # each query sees the slots up to its own position
-      self_mask = (key_positions_1xLk[:, None, :] <= positions_1xL[:, :, None])[:, None]
+      self_mask = (key_positions_BxLk[:, None, :] <= positions_BxL[:, :, None])[:, None]
     memory_mask = None
     if self.cross_attention:
       memory_mask = cross_attention_mask(memory_valid_BxLs)
       if config.aligned_cross_attention:
-        target_length = key_positions_1xLk.shape[1]  # the cache's capacity in a cached step
+        target_length = key_positions_BxLk.shape[1]  # the cache's capacity in a cached step
         if memory_BxLsxD.shape[1] != target_length:
           raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
                            f'target length {target_length}; valid: aligned sequences of equal length')
@@ -172,18 +186,30 @@ class TransformerStack(nn.Module):
     # With remat, a layer's activations are recomputed in the backward pass instead of stored:
     # memory per layer falls to its inputs, for about one more forward pass of compute.
     layer_type = nn.remat(TransformerLayer) if config.remat and not use_cache else TransformerLayer
-    cached_step = {} if not use_cache else dict(key_positions_1xLk=key_positions_1xLk, use_cache=True,
+    cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
                                                 cache_index=cache_index)
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared)
     for index in range(self.num_layers):
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
-                         deterministic=deterministic, layer_index=index, name=f'layer_{index}')
-      x_BxLxD = layer(x_BxLxD, self_mask=self_mask, positions_1xL=positions_1xL, shared=shared,
+                         deterministic=deterministic, layer_index=index, packed=packed, name=f'layer_{index}')
+      x_BxLxD = layer(x_BxLxD, self_mask=self_mask, positions_BxL=positions_BxL, shared=shared,
                       memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources)
     if config.norm == 'pre':
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _check_packed(self, x_BxLxD, positions_BxL, segments_BxL, use_cache: bool) -> None:
+    if positions_BxL is None or segments_BxL is None:
+      raise ValueError('positions_BxL, segments_BxL: packed rows need both (each token\'s position in its document '
+                       'and its document\'s id); valid: both arrays, or neither')
+    chex.assert_shape([positions_BxL, segments_BxL], x_BxLxD.shape[:2])
+    self.config.position.settings.check_packed_rows()
+    if use_cache or self.config.randomized_max_length:
+      raise ValueError('positions_BxL: packed rows are for training and scoring; valid: no positions with use_cache '
+                       'or model.randomized_max_length (which draws its own)')
+    if self.cross_attention and self.config.aligned_cross_attention:
+      raise ValueError('positions_BxL: packed rows are not supported with aligned_cross_attention; valid: None')
 
   def _randomized(self, length: int, valid_BxL: Optional[chex.Array]) -> chex.Array:
     """Randomized positions, from the 'positions' rng; without one (decoding, a tool that passes none),

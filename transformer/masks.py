@@ -31,6 +31,12 @@ def self_attention_mask(valid_BxL: Optional[chex.Array], length: int, causal: bo
   return mask
 
 
+def segment_mask(segments_BxL: chex.Array) -> chex.Array:
+  """M_ij = (segment_i == segment_j): a row packed with several documents attends within each. B x 1 x L x L."""
+  chex.assert_rank(segments_BxL, 2)
+  return (segments_BxL[:, :, None] == segments_BxL[:, None, :])[:, None]
+
+
 def cross_attention_mask(source_valid_BxLs: Optional[chex.Array]) -> Optional[chex.Array]:
   """Decoder queries attend every real source token: the source's padding mask, B x 1 x 1 x Ls."""
   return None if source_valid_BxLs is None else padding_mask(source_valid_BxLs)

@@ -47,11 +47,13 @@ class DecoderOnly(nn.Module):
     self.embedding = TokenEmbedding(self.config)
     self.decoder = TransformerStack(self.config, self.config.num_decoder_layers, causal=True)
 
-  def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False):
-    """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable."""
+  def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False,
+               positions_BxL=None, segments_BxL=None):
+    """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable. positions_BxL and
+    segments_BxL: documents packed in each row, positions restarting in each (TransformerStack)."""
     check_token_input(tokens_BxL, 'tokens')
     hidden = self.decoder(self.embedding(tokens_BxL), valid_BxL=valid_BxL, deterministic=deterministic,
-                          use_cache=use_cache)
+                          use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL)
     logits = self.embedding.logits(hidden)
     chex.assert_shape(logits, (*tokens_BxL.shape, self.config.vocab_size))
     return logits

@@ -32,7 +32,8 @@ _JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file
 _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "config|seeds", and print its JSON.')
 
 
-def run_row(config_argument: str, count: int) -> dict:
+def run_row(config_argument: str, count: int, overrides: dict | None = None) -> dict:
+  """One row: the config (with `overrides`, {dotted field: value}) stepped with `count` seeds in one program."""
   # pylint: disable=g-import-not-at-top
   import dataclasses
   import functools
@@ -44,6 +45,12 @@ def run_row(config_argument: str, count: int) -> dict:
   from experiments.runs.settings import from_config_dict
   from experiments.tasks import TASKS
   config = cli.load_config_file(config_argument)
+  for dotted, value in (overrides or {}).items():
+    *parents, leaf = dotted.split('.')
+    section = config
+    for parent in parents:
+      section = section[parent]
+    section[leaf] = value
   experiment = from_config_dict(config, jax.device_count())
   replicas = Replicas(range(experiment.seed, experiment.seed + count))
   task = TASKS[experiment.task.name](experiment.task)
@@ -57,8 +64,12 @@ def run_row(config_argument: str, count: int) -> dict:
   seed_argument = replicas.seed_argument()
   batch_size = experiment.train.batch_size
 
+  batch_times = []
+
   def one_step(state, step):
+    started = time.perf_counter()
     batches = [task.batch(seed, step, 'train', batch_size) for seed in replicas.seeds]
+    batch_times.append(time.perf_counter() - started)
     state, metrics = train_step(state, placement.put_batch(replicas.join(batches)), seed_argument)
     replicas.split(placement.to_host(metrics))
     return state
@@ -69,6 +80,7 @@ def run_row(config_argument: str, count: int) -> dict:
   for step in range(1, 1 + _WARMUP.value):
     state = one_step(state, step)
   times = []
+  del batch_times[:]
   for step in range(1 + _WARMUP.value, 1 + _WARMUP.value + _STEPS.value):
     started = time.perf_counter()
     state = one_step(state, step)
@@ -76,6 +88,7 @@ def run_row(config_argument: str, count: int) -> dict:
   parameters = sum(x.size for x in jax.tree_util.tree_leaves(host_states[0].params))
   return dict(config=config_argument, seeds=count, compile_s=compile_seconds, step_ms=1e3 * statistics.median(times),
               step_min_ms=1e3 * min(times), step_max_ms=1e3 * max(times), parameters=parameters,
+              batch_ms=1e3 * statistics.median(batch_times), batch_share=sum(batch_times) / sum(times),
               batch_size=batch_size, length=experiment.task.max_length,
               peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, devices=jax.device_count(),
               backend=jax.default_backend())

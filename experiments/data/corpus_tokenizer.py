@@ -63,7 +63,9 @@ class BpeTokenizer:
     return cls(Tokenizer.from_str(text))
 
   def encode_batch(self, documents: list[str]) -> list[np.ndarray]:
-    encodings = self.tokenizer.encode_batch(documents, add_special_tokens=False)
+    # encode_batch_fast computes no character offsets, which nothing here reads.
+    encode = getattr(self.tokenizer, 'encode_batch_fast', self.tokenizer.encode_batch)
+    encodings = encode(documents, add_special_tokens=False)
     return [np.asarray(encoding.ids, np.uint32) for encoding in encodings]
 
   def decode(self, ids) -> str:

@@ -131,8 +131,9 @@ def extended_config(config: transformer.ModelConfig, resolved: dict, request: Re
 
 def _bits_function(model):
   @jax.jit
-  def bits(params, inputs_BxL, targets_BxL):
-    logits = model.apply({'params': params}, inputs_BxL, valid_BxL=jnp.ones(inputs_BxL.shape, bool))
+  def bits(params, inputs_BxL, targets_BxL, packed: dict):
+    """packed: {} or the rows' positions_BxL and segments_BxL (a corpus run packed by document)."""
+    logits = model.apply({'params': params}, inputs_BxL, valid_BxL=jnp.ones(inputs_BxL.shape, bool), **packed)
     log_probabilities = jax.nn.log_softmax(logits.astype(jnp.float32))
     picked = jnp.take_along_axis(log_probabilities, targets_BxL[..., None], axis=-1)[..., 0]
     return -picked / math.log(2.0)
@@ -148,9 +149,10 @@ def record_metric(record: dict) -> str:
 
 
 def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length: int, request: Request,
-                    token_bytes: Optional[np.ndarray] = None) -> dict:
+                    token_bytes: Optional[np.ndarray] = None, packed_rows=None) -> dict:
   """Bits per character over the scored tokens, and by window position, at one length. With token_bytes
-  (each token's UTF-8 bytes, a corpus's tokens): bits per byte over the scored tokens' bytes, and per token."""
+  (each token's UTF-8 bytes, a corpus's tokens): bits per byte over the scored tokens' bytes, and per token.
+  packed_rows: the task's, for a run that packed documents in its rows (inputs -> positions and segments)."""
   stride = min(length - 1, max(1, int(round(request.stride_fraction * length))))
   plan = windows.plan(len(stream), length, request.protocol, stride)
   total, scored, scored_bytes = 0.0, 0, 0
@@ -158,7 +160,8 @@ def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length:
   for first in range(0, len(plan), request.batch_size):
     chunk = plan[first:first + request.batch_size]
     batch = windows.window_batch(stream, chunk + [chunk[-1]] * (request.batch_size - len(chunk)), length, bos)
-    bits = np.asarray(bits_function(params, batch['inputs'], batch['targets']), np.float64)[:len(chunk)]
+    packed = {f'{name}_BxL': value for name, value in (packed_rows(batch['inputs']) if packed_rows else {}).items()}
+    bits = np.asarray(bits_function(params, batch['inputs'], batch['targets'], packed), np.float64)[:len(chunk)]
     if not np.all(np.isfinite(bits)):
       raise FloatingPointError(f'length {length}: the model gave non-finite log-probabilities (windows starting at '
                                f'{[w.start for w in chunk][:3]}); nothing was written for this length')
@@ -284,7 +287,7 @@ def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
       continue
     started = time.time()
     record = evaluate_length(bits_function, params, stream, evaluation.task.bos, length, request,
-                             getattr(evaluation.task, 'token_bytes', None))
+                             getattr(evaluation.task, 'token_bytes', None), getattr(evaluation.task, 'packed_rows', None))
     record['seconds'] = round(time.time() - started, 1)
     append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))
     results[length] = record

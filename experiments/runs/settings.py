@@ -146,6 +146,7 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
     raise ConfigError(problem)
   model = _model_config(config.model, task_object)
   _check_lengths(task, task_object, model)
+  _check_packing(task, model)
   return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
 
 
@@ -211,6 +212,23 @@ def _model_config(section, task_object) -> transformer.ModelConfig:
   except ValueError as error:  # the library names the field without the section
     raise ConfigError(f'model.{error}') from None
   return model
+
+
+def _check_packing(task: TaskSettings, model) -> None:
+  """Rows that pack several documents (task.packing='documents') need a Transformer whose variant serves them,
+  at the positions the rows give (not randomized ones)."""
+  if task.packing != 'documents':
+    return
+  if model.architecture != 'transformer':
+    raise ConfigError(f'task.packing: got \'documents\' with model.architecture={model.architecture!r}; valid: '
+                      f'\'stream\' for the recurrent baselines (they carry no document boundaries)')
+  if model.randomized_max_length:
+    raise ConfigError(f'model.randomized_max_length: got {model.randomized_max_length} with task.packing=\'documents\'; '
+                      f'valid: 0 (packed rows give each token its position in its document)')
+  try:
+    model.position.settings.check_packed_rows()
+  except ValueError as error:
+    raise ConfigError(f'model.{error} with task.packing=\'documents\'') from None
 
 
 def _check_lengths(task: TaskSettings, task_object, model) -> None:

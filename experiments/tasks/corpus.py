@@ -2,9 +2,13 @@
 
 Training windows come from train.bin and evaluation windows from heldout.bin only, each of task.max_length
 (or an evaluation length) tokens, read through a memory map from starts drawn from (seed, split, step,
-length). With task.packing = 'stream' a window runs across document boundaries (the EOD tokens between
-documents stay in it). As in the Shakespeare task, a window's inputs are EOD then its first L - 1 tokens,
-so every window starts with the token that begins a document, and the first target goes unscored.
+length). As in the Shakespeare task, a window's inputs are EOD then its first L - 1 tokens, so every window
+starts with the token that begins a document, and the first target goes unscored. Two packings:
+
+  stream     a window runs across document boundaries as one sequence, positions 0 .. L-1.
+  documents  the same windows, but each EOD among the inputs begins a new document: attention stays within
+             a document (segment ids) and positions restart at 0 at each EOD, so a token's position is its
+             distance from its document's start or from the window's start, whichever is nearer.
 
 bits_per_byte = sum of -log2 p(target) / sum of the targets' UTF-8 bytes (EOD: one), a score that
 compares tokenizers; bits_per_token beside it; and on evaluation the unigram model of the training tokens
@@ -21,7 +25,7 @@ from experiments.data.corpus import open_corpus
 from experiments.data.manifest import DataError
 from experiments.tasks.base import Task, batch_rng, summarize, token_loss_and_metrics
 
-PACKINGS = ('stream',)
+PACKINGS = ('stream', 'documents')
 SPLIT_FILES = {'train': 'train', 'eval': 'heldout', 'test': 'heldout'}
 REBUILD = 'python -m experiments.prepare_corpus --input=... --output=DIR'
 
@@ -72,6 +76,12 @@ class Corpus(Task):
       corpus = self.corpus
     except DataError as error:
       return f'task.path: {error}'
+    if settings.packing == 'documents':
+      longest = int(np.diff(np.append(corpus.document_starts('train'), len(corpus.tokens('train')))).max())
+      if settings.max_length > longest:
+        return (f'task.max_length: got {settings.max_length} with task.packing=\'documents\'; valid: at most {longest}, '
+                f'the longest training document of {settings.path} (positions restart in each document, so a longer '
+                f'window would train positions no document reaches)')
     for split, lengths, field in (('train', (settings.max_length,), 'task.max_length'),
                                   ('heldout', settings.eval_lengths, 'task.eval_lengths')):
       available = len(corpus.tokens(split))
@@ -95,10 +105,24 @@ class Corpus(Task):
     inputs = np.concatenate([np.full((batch_size, 1), self.bos, np.int32), targets[:, :-1]], axis=1)
     weights = np.ones((batch_size, length), np.float32)
     weights[:, 0] = 0.0  # the first target has EOD alone before it, which every window starts with
-    return dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool))
+    return dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool),
+                **self.packed_rows(inputs))
+
+  def packed_rows(self, inputs_BxL: np.ndarray) -> dict:
+    """With packing 'documents': positions (B x L) restarting at 0 at each EOD input, and segments (B x L)
+    counting the EODs so far (each EOD input begins a document); {} with 'stream'."""
+    if self.settings.packing != 'documents':
+      return {}
+    is_start = inputs_BxL == self.bos
+    is_start[:, 0] = True
+    index = np.arange(inputs_BxL.shape[1])[None]
+    last_start = np.maximum.accumulate(np.where(is_start, index, 0), axis=1)
+    return dict(positions=(index - last_start).astype(np.int32),
+                segments=(np.cumsum(is_start, axis=1) - 1).astype(np.int32))
 
   def model_inputs(self, batch):
-    return (batch['inputs'],), dict(valid_BxL=batch['valid'])
+    packed = {f'{name}_BxL': batch[name] for name in ('positions', 'segments') if name in batch}
+    return (batch['inputs'],), dict(valid_BxL=batch['valid'], **packed)
 
   def loss_and_metrics(self, logits_BxLtxC, batch, label_smoothing: float = 0.0) -> dict:
     metrics = token_loss_and_metrics(logits_BxLtxC, batch['targets'], batch['weights'], label_smoothing)

@@ -84,6 +84,10 @@ class Settings:
     range (xPos's scales); by default they never do."""
     del largest
 
+  def check_packed_rows(self) -> None:
+    """Raise ValueError (require) when the variant cannot serve rows that pack several documents, positions
+    restarting in each and attention kept within each; by default it can."""
+
   def shift_invariant_claim(self) -> Optional[bool]:
     """The claim of shift invariance when it depends on the settings (a pattern of variants by layer);
     None: the variant's own (Variant.shift_invariant)."""

@@ -33,6 +33,12 @@ class CopeSettings(Settings):
   def check(self):
     require(self.max_positions >= 1, 'position.max_positions', self.max_positions, 'a positive integer')
 
+  def check_packed_rows(self):
+    # The gates are read from the positions (k <= q), which in a packed row also admit the keys of later
+    # documents, whose positions restart below the query's.
+    require(False, 'position.kind', 'cope', 'one document per row (CoPE\'s gates are chosen by position, and a '
+            'packed row\'s later documents restart below the query)')
+
 
 def contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale: float, max_positions: int):
   """p_ij = min(sum over the allowed keys t >= j of sigmoid(q_i . k_t * scale), P - 1): B x H x Lq x Lk."""
