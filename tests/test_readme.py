@@ -103,6 +103,9 @@ def _module(command: list) -> tuple:
   return module, arguments
 
 
+USER_CORPUS = 'corpora/mine'  # the folder the docs' prepare_corpus command writes and their train command reads
+
+
 def documented_commands() -> list:
   """Every `python -m experiments.X ...` line of the bash blocks in README.md and docs/, its optional
   [parts] and comments left out."""
@@ -126,11 +129,23 @@ def documented_commands_by_module() -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize('module', sorted(documented_commands_by_module()))
-def test_every_documented_command_parses_and_its_config_validates(module):
+def test_every_documented_command_parses_and_its_config_validates(module, tmp_path):
   """Each command's flags exist and parse, and a training command's config (with its overrides)
   validates, without running anything: the commands in the docs run as written. One process per module,
-  its flags reset to their defaults between commands; the failures name their commands."""
+  its flags reset to their defaults between commands; the failures name their commands. The user's corpus
+  the docs prepare (USER_CORPUS) is a small one prepared here, as the documented prepare command would."""
   commands = documented_commands_by_module()[module]
+  if any(USER_CORPUS in argument for command in commands for argument in command):
+    texts = tmp_path / 'texts'
+    texts.mkdir()
+    for index in range(40):
+      (texts / f'{index}.txt').write_text(' '.join(f'word{(index * 7 + k) % 50}' for k in range(400 + index)))
+    prepared = subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', f'--input={texts}',
+                               f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2'],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    commands = [[argument.replace(USER_CORPUS, str(tmp_path / 'corpus')) for argument in command]
+                for command in commands]
   result = subprocess.run([sys.executable, '-c', CHECK_COMMANDS, module, json.dumps(commands)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, JAX_PLATFORMS='cpu',
