@@ -372,7 +372,7 @@ def _packed_row(lengths, batch: int = 2, seed: int = 3):
   return x, jnp.asarray(positions), jnp.asarray(segments)
 
 
-@pytest.mark.parametrize('implementation', ['explicit', 'blockwise'])
+@pytest.mark.parametrize('implementation', ['explicit', pytest.param('blockwise', marks=pytest.mark.slow)])
 @pytest.mark.parametrize('kind', ALL)
 def test_packed_documents_score_as_each_document_alone(kind, implementation):
   """A row of three documents with positions restarting in each and attention kept within each gives, at every
