@@ -2,6 +2,7 @@
 corpus task (windows from the memory maps, bits per byte, the run's record of its data)."""
 
 import gzip
+import hashlib
 import json
 import lzma
 import math
@@ -75,7 +76,9 @@ def test_prepare_writes_every_document_once_in_the_split_its_hash_names(tmp_path
   found = {split: _documents_of(tmp_path / 'out', split) for split in corpus_format.SPLITS}
   assert sorted(found['train'] + found['heldout']) == sorted(written)
   for split, texts in found.items():
-    assert all(documents.split_of(text, 0.25) == split for text in texts)
+    for text in texts:  # the split the SHA-256 of the text names, read as a fraction of 2^64
+      fraction = int.from_bytes(hashlib.sha256(text.encode('utf-8')).digest()[:8], 'big') / 2 ** 64
+      assert split == ('heldout' if fraction < 0.25 else 'train')
     entry = manifest['splits'][split]
     assert entry['documents'] == len(texts) > 0
     assert entry['text_bytes'] == sum(len(text.encode('utf-8')) for text in texts)
@@ -136,6 +139,10 @@ def test_invalid_utf8_names_the_file_and_byte_offset_unless_replaced(tmp_path, m
   with pytest.raises(documents.InputError, match=r'bad.txt: not valid UTF-8 at byte 8;.*--errors=replace'):
     list(documents.read_documents(str(path)))
   assert list(documents.read_documents(str(path), errors='replace')) == ['ab\u00e9cdef\ufffd tail']
+  straddling = tmp_path / 'straddling.txt'
+  straddling.write_bytes(b'abcd\xc3xyz')  # a sequence begun at the end of one read block, broken in the next
+  with pytest.raises(documents.InputError, match=r'straddling.txt: not valid UTF-8 at byte 4;'):
+    list(documents.read_documents(str(straddling)))
   lines = tmp_path / 'bad.jsonl'
   lines.write_bytes(b'{"text": "ok"}\n{"text": "\xc3"}\n')
   with pytest.raises(documents.InputError, match=r'bad.jsonl: not valid UTF-8 at byte 25'):

@@ -45,12 +45,7 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
   from experiments.runs.settings import from_config_dict
   from experiments.tasks import TASKS
   config = cli.load_config_file(config_argument)
-  for dotted, value in (overrides or {}).items():
-    *parents, leaf = dotted.split('.')
-    section = config
-    for parent in parents:
-      section = section[parent]
-    section[leaf] = value
+  config.update_from_flattened_dict(overrides or {})
   experiment = from_config_dict(config, jax.device_count())
   replicas = Replicas(range(experiment.seed, experiment.seed + count))
   task = TASKS[experiment.task.name](experiment.task)

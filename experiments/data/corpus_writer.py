@@ -114,7 +114,7 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
     tokenizer = BpeTokenizer.train(counted_sample(), settings['vocab_size'])
     if not sampled:
       raise InputError(f'--input: {", ".join(settings["inputs"])}: no training documents (the input holds no text, '
-                             f'or --heldout_fraction holds out all of it); valid: text with documents to train on')
+                       f'or --heldout_fraction holds out all of it); valid: text with documents to train on')
   else:
     tokenizer = ByteTokenizer()
   temporary = f'{output}.partial-{os.getpid()}'
@@ -127,18 +127,18 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
     total_documents = sum(entry['documents'] for entry in splits.values())
     if total_documents == 0:
       raise InputError(f'--input: {", ".join(settings["inputs"])}: no text (0 non-empty documents in '
-                             f'{len(files)} file(s)); valid: files that hold text')
+                       f'{len(files)} file(s)); valid: files that hold text')
     for split, entry in splits.items():
       if entry['documents'] == 0:
         raise InputError(f'--heldout_fraction: got {settings["heldout_fraction"]}, which leaves the {split} '
-                               f'split empty ({total_documents} document(s) in all); valid: a fraction that puts '
-                               f'documents in both splits, or more documents')
+                         f'split empty ({total_documents} document(s) in all); valid: a fraction that puts '
+                         f'documents in both splits, or more documents')
     tokenizer_sha256 = hashlib.sha256(tokenizer_text.encode('utf-8')).hexdigest()
     manifest = dict(
         format=corpus_format.FORMAT, command=command,
         inputs=[dict(path=item.path, bytes=item.bytes, sha256=item.sha256) for item in inputs],
         reading=dict(separator=settings['separator'], text_field=settings['text_field'], errors=settings['errors'],
-                       heldout_fraction=settings['heldout_fraction'], split_by='sha256 of the document text'),
+                     heldout_fraction=settings['heldout_fraction'], split_by='sha256 of the document text'),
         tokenizer=dict(kind=tokenizer.kind, vocab_size=tokenizer.vocab_size, sha256=tokenizer_sha256,
                        requested_vocab_size=settings['vocab_size'],
                        sample_bytes=settings['tokenizer_sample_bytes'] if tokenizer.kind == 'bpe' else 0),

@@ -20,6 +20,7 @@ import tempfile
 from experiments.data import bible, shakespeare
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'corpus')
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where `experiments` is
 FLAGS = ('--input=documents', '--output=corpus', '--tokenizer=bpe', '--vocab_size=4096', '--heldout_fraction=0.1')
 
 
@@ -56,7 +57,7 @@ def main():
       with open(path, 'w', encoding='utf-8') as file:
         file.write(text)
     subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *FLAGS], cwd=scratch, check=True,
-                   env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get('PYTHONPATH', '')])))
+                   env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')])))
     shutil.move(os.path.join(scratch, 'corpus'), args.output)
   print(f'wrote {args.output}')
 

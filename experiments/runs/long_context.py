@@ -4,8 +4,8 @@
 Each (run, extension) writes RUN/evaluations/NAME/: evaluation.json (what was evaluated: the method
 and its settings, the original length read from the run, the checkpoint's step, the protocol) and
 results.jsonl, one line per length, appended once that length is done: bits per character over the
-scored tokens (a corpus run: bits per byte, and per token), and the bits at each window position averaged over every window (the curve that shows
-where a model breaks down). A directory that describes another evaluation is refused, never rewritten;
+scored tokens (a corpus run: bits per byte, and per token), and the bits at each window position averaged
+over every window (the curve that shows where a model breaks down). A directory that describes another evaluation is refused, never rewritten;
 one that describes this one is resumed (lengths already there are kept, not recomputed).
 """
 
