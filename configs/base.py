@@ -55,6 +55,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.steps = 2000            # optimisation steps
   config.train.batch_size = 64         # global batch, split over every device of every host
+  config.train.gradient_accumulation = 1  # microbatches per step (batch_size stays the global batch): less memory
   config.train.optimizer = 'adamw'     # 'adamw' or 'adam'
   config.train.learning_rate = 1e-3    # peak learning rate
   config.train.schedule = 'warmup_rsqrt'  # 'warmup_rsqrt' (the paper), 'warmup_cosine', 'constant'

@@ -77,6 +77,20 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
   np.testing.assert_allclose(eight, one, rtol=1e-5)
 
 
+@pytest.mark.parametrize('parallel, device_count', [('pmap', 1), ('mesh', 8)])
+def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(tmp_path, parallel, device_count):
+  """Batch 64 as 4 microbatches of 16 (on 8 devices, 2 per device each), added up inside one step: the
+  update of batch 64 in one piece, so the same losses step after step."""
+  overrides = {'parallel': parallel, 'train.batch_size': 64, 'train.log_every': 1}
+  devices = jax.devices()[:device_count]
+  trainer.run(smoke_experiment(**overrides), str(tmp_path / 'whole'), devices=devices)
+  trainer.run(smoke_experiment(**overrides, **{'train.gradient_accumulation': 4}), str(tmp_path / 'four'),
+              devices=devices)
+  whole, four = _losses(str(tmp_path / 'whole')), _losses(str(tmp_path / 'four'))
+  assert len(whole) == 20 + 2 * 2
+  np.testing.assert_allclose(four, whole, rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_pmap_and_mesh_agree(tmp_path):
   trainer.run(smoke_experiment(parallel='pmap'), str(tmp_path / 'pmap'))

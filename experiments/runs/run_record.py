@@ -24,7 +24,7 @@ SUMMARY_FILE = 'summary.json'
 
 # Fields added after records were written, with the value every run had before the field existed: a
 # record without one ran with that value, so it is read as having it.
-ADDED_FIELDS = {'task.path': '', 'task.packing': 'stream', 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto', 'model.position.interpolation_factor': 1.0,
+ADDED_FIELDS = {'train.gradient_accumulation': 1, 'task.path': '', 'task.packing': 'stream', 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto', 'model.position.interpolation_factor': 1.0,
                 'model.position.temperature_scale': 0.0, 'model.position.temperature_floor': 8192,
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
 
@@ -32,6 +32,8 @@ ADDED_FIELDS = {'task.path': '', 'task.packing': 'stream', 'model.randomized_max
 RESUMABLE_FIELDS = {
     'train.steps': 'a longer run continues the same trajectory (only larger values; not with warmup_cosine, '
                    'whose learning rate at every step depends on it)',
+    'train.gradient_accumulation': 'how many microbatches one step\'s gradient is added up from (the same update, '
+                                   'up to float summation order)',
     'train.log_every': 'how often training metrics are written',
     'train.eval_every': 'how often the evaluation runs',
     'train.checkpoint_every': 'how often checkpoints are written',

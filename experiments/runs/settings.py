@@ -46,6 +46,7 @@ class TrainSettings:
   eval_every: int
   checkpoint_every: int
   keep_checkpoints: int
+  gradient_accumulation: int = 1  # microbatches per step, their gradients added before the update
   init_from: str = ''  # a run's workdir whose newest parameters start this run (fresh optimizer state)
 
 
@@ -174,7 +175,7 @@ def _task_settings(section) -> TaskSettings:
 def _train_settings(section, num_devices: int) -> TrainSettings:
   """The train section, each field checked; the global batch must split over the devices."""
   train = TrainSettings(**_section(section, 'train.', TrainSettings))
-  for name in ('steps', 'batch_size', 'learning_rate', 'log_every', 'eval_every', 'checkpoint_every',
+  for name in ('steps', 'batch_size', 'gradient_accumulation', 'learning_rate', 'log_every', 'eval_every', 'checkpoint_every',
                'keep_checkpoints'):
     _positive(f'train.{name}', getattr(train, name))
   for name in ('warmup_steps', 'weight_decay'):
@@ -195,6 +196,11 @@ def _train_settings(section, num_devices: int) -> TrainSettings:
   if train.batch_size % num_devices:
     raise ConfigError(f'train.batch_size: got {train.batch_size}; valid: a multiple of the device count '
                       f'{num_devices} (the global batch is split evenly over devices)')
+  if train.batch_size % (num_devices * train.gradient_accumulation):
+    raise ConfigError(f'train.batch_size: got {train.batch_size} with train.gradient_accumulation='
+                      f'{train.gradient_accumulation} on {num_devices} device(s); valid: a multiple of '
+                      f'{num_devices * train.gradient_accumulation} (every device splits its share into that many '
+                      f'equal microbatches)')
   return train
 
 

@@ -79,21 +79,47 @@ def train_step(state: TrainState, batch: dict, seed, *, model, task, experiment:
     dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
   reduce = (lambda x: jax.lax.psum(x, axis_name)) if axis_name is not None else (lambda x: x)
   deterministic = experiment.model.dropout_rate == 0.0 and experiment.model.attention_dropout_rate == 0.0
-  forward = functools.partial(_forward_sums, model=model, task=task, dropout_key=dropout_key,
+  forward = functools.partial(_forward_sums, model=model, task=task,
                               label_smoothing=experiment.train.label_smoothing, deterministic=deterministic,
                               positions_key=positions_key)
 
-  def objective(params):
-    sums = forward(params, batch)
-    total_weight = jax.lax.stop_gradient(jnp.maximum(reduce(sums['weight_sum']), 1.0))
-    return sums['loss_sum'] / total_weight, sums
-
-  grads, sums = jax.grad(objective, has_aux=True)(state.params)
+  grads, sums = _summed_gradients(state.params, batch, forward, dropout_key, experiment.train.gradient_accumulation)
   grads, sums = reduce(grads), reduce(sums)
+  total_weight = jnp.maximum(sums['weight_sum'], 1.0)
+  grads = jax.tree_util.tree_map(lambda g: g / total_weight, grads)
   new_state = state.apply_gradients(grads=grads)
   metrics = dict(sums, gradient_norm=optax.tree.norm(grads),
                  learning_rate=learning_rate_schedule(experiment.train)(state.step))
   return new_state, metrics
+
+
+def _summed_gradients(params, batch: dict, forward, dropout_key, accumulation: int):
+  """(d loss_sum / d params, sums) of one device's batch, computed over `accumulation` microbatches in turn
+  (a lax.scan: one microbatch's activations alive at a time) and added up. Microbatch i holds examples
+  i, i + k, i + 2k, ... (k = accumulation), so that a batch sharded in contiguous blocks over devices keeps
+  every device's share of every microbatch where it is. The sums are additive: the result is the whole
+  batch's up to float summation order. Microbatch i draws dropout from fold_in(dropout_key, i)."""
+  def loss_sum(p, microbatch, key):
+    sums = forward(p, microbatch, dropout_key=key)
+    return sums['loss_sum'], sums
+
+  def gradient(microbatch, key):
+    return jax.grad(loss_sum, has_aux=True)(params, microbatch, key)
+
+  if accumulation == 1:
+    return gradient(batch, dropout_key)
+  microbatches = jax.tree_util.tree_map(
+      lambda x: jnp.swapaxes(x.reshape(x.shape[0] // accumulation, accumulation, *x.shape[1:]), 0, 1), batch)
+
+  def add_one(totals, index_and_microbatch):
+    index, microbatch = index_and_microbatch
+    found = gradient(microbatch, jax.random.fold_in(dropout_key, index))
+    return jax.tree_util.tree_map(jnp.add, totals, found), None
+
+  shapes = jax.eval_shape(gradient, jax.tree_util.tree_map(lambda x: x[0], microbatches), dropout_key)
+  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  totals, _ = jax.lax.scan(add_one, zeros, (jnp.arange(accumulation), microbatches))
+  return totals
 
 
 def eval_step(params, batch: dict, *, model, task, axis_name: Optional[str] = None) -> dict:
