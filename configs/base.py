@@ -7,7 +7,16 @@ import ml_collections
 def get_base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0                      # seeds parameters, batches and dropout
-  config.parallel = 'pmap'             # 'pmap' (pmap + pmean) or 'mesh' (jit + NamedSharding over a mesh)
+  config.parallel = ml_collections.ConfigDict()
+  config.parallel.mode = 'pmap'        # 'pmap' (parameters replicated, gradients psum-ed) or 'mesh' (one jit program
+  #                                      over a data x fsdp x tensor device mesh, NamedSharding, XLA's collectives)
+  config.parallel.fsdp = 1             # mesh: devices over which parameters and optimizer state are split; -1: all
+  config.parallel.tensor = 1           # mesh: devices over which heads and feed-forward units are split (Megatron)
+  config.parallel.rules = ml_collections.ConfigDict()  # where each logical parameter axis is split; '': nowhere
+  config.parallel.rules.embed = 'fsdp'   # model width: every matrix and the embedding have one
+  config.parallel.rules.heads = 'tensor'  # attention heads (query, key, value and output projections)
+  config.parallel.rules.mlp = 'tensor'   # feed-forward hidden units
+  config.parallel.rules.vocab = ''       # vocabulary rows of the embedding and output matrices
 
   config.task = ml_collections.ConfigDict()
   config.task.name = 'copy'            # see experiments/tasks: copy, reverse, ..., shakespeare, forecast

@@ -32,7 +32,7 @@ def tokens(batch: int, length: int, vocab: int = 32, seed: int = 0):
 
 
 def init(model, *args, **kwargs):
-  return model.init(jax.random.PRNGKey(0), *args, **kwargs)
+  return nn.meta.unbox(model.init(jax.random.PRNGKey(0), *args, **kwargs))
 
 
 def random_positions(variables, seed: int = 1, scale: float = 0.5):

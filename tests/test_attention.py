@@ -70,7 +70,7 @@ def test_multi_head_attention_matches_flax_with_copied_weights():
   memory = jax.random.normal(jax.random.PRNGKey(1), (B, LK, width))
   mask = jax.random.bernoulli(jax.random.PRNGKey(2), 0.8, (B, 1, LQ, LK)).at[..., 0].set(True)
   reference = nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=width, out_features=width)
-  reference_params = reference.init(jax.random.PRNGKey(3), x, memory)['params']
+  reference_params = nn.meta.unbox(reference.init(jax.random.PRNGKey(3), x, memory)['params'])
   copied = {
       name: {'kernel': reference_params[name]['kernel'].reshape(width, width),
              'bias': reference_params[name]['bias'].reshape(width)}
@@ -90,7 +90,7 @@ def test_self_attention_fuses_its_projections_into_one_matmul_with_the_same_resu
   width = H * K
   x = jax.random.normal(jax.random.PRNGKey(0), (B, LQ, width))
   module = MultiHeadAttention(num_heads=H)
-  params = module.init(jax.random.PRNGKey(1), x, x)['params']
+  params = nn.meta.unbox(module.init(jax.random.PRNGKey(1), x, x)['params'])
   assert sorted(params) == ['key', 'out', 'query', 'value']
   assert params['query']['kernel'].shape == (width, width)
   fused = lambda p: module.apply({'params': p}, x, x, mask=causal_mask(LQ))

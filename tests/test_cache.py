@@ -1,6 +1,7 @@
 """Incremental decoding (use_cache): every variant's cached steps against the whole forward pass,
 and the cached greedy, beam and decoder-only decoding against the same decoding without a cache."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,6 +139,6 @@ def test_use_cache_errors_name_what_is_wrong():
   with pytest.raises(ValueError, match='needs a causal stack'):
     encoder.init(jax.random.PRNGKey(0), x, use_cache=True)
   decoder = T.TransformerStack(config, 1, causal=True)
-  variables = decoder.init(jax.random.PRNGKey(0), x, use_cache=True)
+  variables = nn.meta.unbox(decoder.init(jax.random.PRNGKey(0), x, use_cache=True))
   with pytest.raises(ValueError, match='valid_BxL: padding inside the decoded tokens'):
     decoder.apply(variables, x[:, :1], valid_BxL=jnp.ones((1, 1)), use_cache=True, mutable=['cache'])

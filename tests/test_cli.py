@@ -113,7 +113,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_two_processes_on_loopback_match_one_process(tmp_path, parallel):
-  common = [f'--config.parallel={parallel}', '--config.train.log_every=1']
+  common = [f'--config.parallel.mode={parallel}', '--config.train.log_every=1']
   single = _train(tmp_path / 'single', *common, devices=2)
   assert single.returncode == 0, single.stderr[-2000:]
   address = f'localhost:{_free_port()}'

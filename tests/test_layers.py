@@ -30,7 +30,7 @@ def test_embedding_is_a_gather_equal_to_one_hot_matmul():
 
 def test_embed_module_attend_is_transpose_of_table():
   module = Embed(7, 4)
-  params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32))
+  params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), jnp.zeros((1, 2), jnp.int32)))
   x = jnp.ones((1, 2, 4))
   table = params['params']['embedding']
   np.testing.assert_allclose(module.apply(params, x, method=Embed.attend), x @ table.T, atol=1e-6)

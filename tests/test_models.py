@@ -39,7 +39,7 @@ def test_encoder_is_not_causal():
   assert float(jnp.abs(grad['params']['encoder']['layer_0']['self_attention']['key']['kernel']).sum()) > 0
   stack = T.TransformerStack(config, 1, causal=False)
   embedded = jax.random.normal(jax.random.PRNGKey(0), (1, L, config.model_dim))
-  stack_params = stack.init(jax.random.PRNGKey(1), embedded)
+  stack_params = nn.meta.unbox(stack.init(jax.random.PRNGKey(1), embedded))
   # A random readout, not a plain sum: the pre-norm stack ends in a layer norm whose features sum to a
   # constant at initialisation (scale 1, bias 0), so the sum's gradient is zero up to rounding.
   readout = jax.random.normal(jax.random.PRNGKey(2), (config.model_dim,))
@@ -77,7 +77,7 @@ def test_padding_does_not_change_unpadded_outputs(kind):
 
   encoder = T.TransformerStack(config, 2, causal=False)
   embedded = jax.random.normal(jax.random.PRNGKey(0), (2, 8, config.model_dim))
-  params = random_positions(encoder.init(jax.random.PRNGKey(1), embedded))
+  params = random_positions(nn.meta.unbox(encoder.init(jax.random.PRNGKey(1), embedded)))
   np.testing.assert_allclose(encoder.apply(params, embedded, valid_BxL=source_valid)[:, :5],
                              encoder.apply(params, embedded[:, :5]), atol=1e-5)
 

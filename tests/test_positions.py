@@ -73,7 +73,7 @@ def _run(kind, causal, has_cls=False, offset=0, x=None, **position):
     return None
   module = OneAttention(config, causal, has_cls)
   x = jax.random.normal(jax.random.PRNGKey(0), (B, L, D)) if x is None else x
-  params = {'params': _randomise(module.init(jax.random.PRNGKey(0), x)['params'])}
+  params = {'params': _randomise(nn.meta.unbox(module.init(jax.random.PRNGKey(0), x)['params']))}
   return module, params, x, config
 
 

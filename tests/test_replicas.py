@@ -57,7 +57,7 @@ def test_each_replica_is_the_run_of_its_seed_alone(tmp_path):
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_replicas_on_eight_devices_match_one_device(tmp_path, parallel):
   assert jax.device_count() == 8, 'conftest.py asks for 8 CPU devices'
-  experiment = smoke_experiment(parallel=parallel, **{'train.log_every': 1})  # dropout differs by device count
+  experiment = smoke_experiment(**{'parallel.mode': parallel, 'train.log_every': 1})  # dropout differs by device count
   for name, devices in (('one', jax.devices()[:1]), ('eight', jax.devices())):
     trainer.run_seeds(experiment, [str(tmp_path / f'{name}-{seed}') for seed in (0, 1)], devices=devices)
   for seed in (0, 1):

@@ -98,10 +98,10 @@ def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, first, the
 @pytest.mark.slow
 def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp_path):
   _unfinished(tmp_path)
-  changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel': 'mesh'}
+  changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel.mode': 'mesh'}
   trainer.run(smoke_experiment(**changed), str(tmp_path))
   record = json.loads((tmp_path / 'config_changes.jsonl').read_text())
-  assert record == {'step': 10, 'changes': {'parallel': ['pmap', 'mesh'], 'task.eval_lengths': [[6, 12], [6, 12, 24]],
+  assert record == {'step': 10, 'changes': {'parallel.mode': ['pmap', 'mesh'], 'task.eval_lengths': [[6, 12], [6, 12, 24]],
                                             'train.log_every': [5, 2]}}
   stored = run_record.stored_config(str(tmp_path))
   assert stored == run_record.canonical(settings.to_dict(smoke_experiment(**changed)))

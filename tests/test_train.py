@@ -46,7 +46,7 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_train_step_compiles_once(tmp_path, parallel):
-  experiment = smoke_experiment(parallel=parallel)
+  experiment = smoke_experiment(**{'parallel.mode': parallel})
   traces = []
 
   def wrap(step_fn):
@@ -69,7 +69,7 @@ def _losses(workdir):
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
 def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
   assert jax.device_count() == 8, 'conftest.py asks for 8 CPU devices'
-  experiment = smoke_experiment(parallel=parallel, **{'train.log_every': 1})
+  experiment = smoke_experiment(**{'parallel.mode': parallel, 'train.log_every': 1})
   trainer.run(experiment, str(tmp_path / 'one'), devices=jax.devices()[:1])
   trainer.run(experiment, str(tmp_path / 'eight'), devices=jax.devices())
   one, eight = _losses(str(tmp_path / 'one')), _losses(str(tmp_path / 'eight'))
@@ -81,7 +81,7 @@ def test_one_device_and_eight_devices_give_the_same_losses(tmp_path, parallel):
 def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(tmp_path, parallel, device_count):
   """Batch 64 as 4 microbatches of 16 (on 8 devices, 2 per device each), added up inside one step: the
   update of batch 64 in one piece, so the same losses step after step."""
-  overrides = {'parallel': parallel, 'train.batch_size': 64, 'train.log_every': 1}
+  overrides = {'parallel.mode': parallel, 'train.batch_size': 64, 'train.log_every': 1}
   devices = jax.devices()[:device_count]
   trainer.run(smoke_experiment(**overrides), str(tmp_path / 'whole'), devices=devices)
   trainer.run(smoke_experiment(**overrides, **{'train.gradient_accumulation': 4}), str(tmp_path / 'four'),
@@ -93,8 +93,8 @@ def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(tmp_path, par
 
 @pytest.mark.slow
 def test_pmap_and_mesh_agree(tmp_path):
-  trainer.run(smoke_experiment(parallel='pmap'), str(tmp_path / 'pmap'))
-  trainer.run(smoke_experiment(parallel='mesh'), str(tmp_path / 'mesh'))
+  trainer.run(smoke_experiment(**{'parallel.mode': 'pmap'}), str(tmp_path / 'pmap'))
+  trainer.run(smoke_experiment(**{'parallel.mode': 'mesh'}), str(tmp_path / 'mesh'))
   np.testing.assert_allclose(_losses(str(tmp_path / 'mesh')), _losses(str(tmp_path / 'pmap')), rtol=1e-5)
 
 

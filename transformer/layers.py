@@ -11,6 +11,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+# Logical names of parameter axes: what an axis means, never where it lives. Experiments map them to the
+# axes of a device mesh (experiments/runs/sharding.py); an axis without a name is never split.
+EMBED, HEADS, MLP, VOCAB = 'embed', 'heads', 'mlp', 'vocab'
+
+
+def named_axes(init: Callable, axes: Optional[tuple]) -> Callable:
+  """init, its parameter's axes named (Flax partitioning metadata: model.init returns the value boxed with
+  its names, nn.meta.unbox gives the array); unchanged for axes None."""
+  return init if axes is None else nn.with_logical_partitioning(init, axes)
+
+
 ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
     'relu': jax.nn.relu,  # the paper's choice
     'gelu': jax.nn.gelu,
@@ -79,15 +90,17 @@ def feed_forward(x_NxD: chex.Array, w1_DxF, b1_F, w2_FxD, b2_D, activation: str 
 
 
 class Dense(nn.Module):
-  """Owns W (in x out) and b (float32), and calls `linear` in the input's dtype."""
+  """Owns W (in x out) and b (float32), and calls `linear` in the input's dtype. axes: the logical names
+  of W's (in, out) axes, None for none."""
   features: int
   use_bias: bool = True
   kernel_init: Callable = nn.initializers.xavier_uniform()
+  axes: Optional[tuple[str, str]] = None
 
   @nn.compact
   def weights(self, in_features: int) -> tuple[chex.Array, Optional[chex.Array]]:
     """(W, b), b None without a bias: for a caller that fuses several projections into one matmul."""
-    weight = self.param('kernel', self.kernel_init, (in_features, self.features))
+    weight = self.param('kernel', named_axes(self.kernel_init, self.axes), (in_features, self.features))
     bias = self.param('bias', nn.initializers.zeros, (self.features,)) if self.use_bias else None
     return weight, bias
 
@@ -102,8 +115,8 @@ class Embed(nn.Module):
   features: int
 
   def setup(self):
-    self.embedding = self.param('embedding', nn.initializers.normal(stddev=self.features ** -0.5),
-                                (self.vocab_size, self.features))
+    self.embedding = self.param('embedding', named_axes(nn.initializers.normal(stddev=self.features ** -0.5),
+                                                        (VOCAB, EMBED)), (self.vocab_size, self.features))
 
   def __call__(self, ids: chex.Array) -> chex.Array:
     return embedding_lookup(self.embedding, ids)
@@ -143,9 +156,9 @@ class FeedForward(nn.Module):
   def __call__(self, x: chex.Array, deterministic: bool = True) -> chex.Array:
     width = x.shape[-1]
     init = nn.initializers.xavier_uniform()
-    w1 = self.param('hidden_kernel', init, (width, self.hidden_features))
+    w1 = self.param('hidden_kernel', named_axes(init, (EMBED, MLP)), (width, self.hidden_features))
     b1 = self.param('hidden_bias', nn.initializers.zeros, (self.hidden_features,))
-    w2 = self.param('output_kernel', init, (self.hidden_features, width))
+    w2 = self.param('output_kernel', named_axes(init, (MLP, EMBED)), (self.hidden_features, width))
     b2 = self.param('output_bias', nn.initializers.zeros, (width,))
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     w1, b1, w2, b2 = (p.astype(x.dtype) for p in (w1, b1, w2, b2))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from transformer.blocks import TransformerStack
 from transformer.config import ModelConfig
-from transformer.layers import Dense, Embed
+from transformer.layers import EMBED, VOCAB, Dense, Embed
 
 
 def check_token_input(tokens, name: str) -> None:
@@ -27,7 +27,7 @@ class TokenEmbedding(nn.Module):
   def setup(self):
     self.embed = Embed(self.config.vocab_size, self.config.model_dim, name='embedding')
     if not self.config.tie_embeddings:
-      self.output = Dense(self.config.vocab_size, name='output')
+      self.output = Dense(self.config.vocab_size, name='output', axes=(EMBED, VOCAB))
 
   def __call__(self, tokens_BxL):
     x = self.embed(tokens_BxL).astype(self.config.dtype)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from transformer import attention_core
 from transformer.attention import merge_heads, split_heads
 from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
-from transformer.layers import Dense, linear
+from transformer.layers import EMBED, HEADS, Dense, linear
 
 
 class MultiHeadAttention(nn.Module):
@@ -67,13 +67,13 @@ class MultiHeadAttention(nn.Module):
                                    settings)
     if result.weights_BxHxLqxLk is not None:
       self.sow('intermediates', 'attention_weights', result.weights_BxHxLqxLk)
-    return Dense(width, name='out')(merge_heads(result.output_BxLqxHxV))
+    return Dense(width, name='out', axes=(HEADS, EMBED))(merge_heads(result.output_BxLqxHxV))
 
   def _project(self, inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention: bool, reads_memory_cache: bool):
     """Queries, keys and values, B x L x H x K each; keys and values None when they come from the cache
     (cross-attention's memory, projected by the first call)."""
     width = inputs_q_BxLqxD.shape[-1]
-    projections = [Dense(width, name=name) for name in ('query', 'key', 'value')]
+    projections = [Dense(width, name=name, axes=(EMBED, HEADS)) for name in ('query', 'key', 'value')]
     if is_self_attention:  # one matmul of width 3D instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype

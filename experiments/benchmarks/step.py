@@ -65,6 +65,7 @@ _PEER_ROW = flags.DEFINE_enum('peer_row', None, ['fused', 'unfused'], 'Internal:
 
 
 def run_row(variant: str, length: int) -> dict:
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
@@ -82,7 +83,7 @@ def run_row(variant: str, length: int) -> dict:
   model = transformer.DecoderOnly(config)
   batch = _BATCH.value
   tokens = jax.random.randint(jax.random.PRNGKey(1), (batch, length + 1), 0, _VOCAB.value)
-  params = model.init(jax.random.PRNGKey(0), tokens[:, :-1])['params']
+  params = nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens[:, :-1])['params'])
   optimizer = optax.adamw(1e-4)
   state = (params, optimizer.init(params))
 

@@ -21,7 +21,9 @@ from experiments.runs import run_record
 from experiments.runs.checkpoints import Checkpoints
 from experiments.runs.run_record import SUMMARY_FILE
 from experiments.runs.settings import Experiment, to_dict
-from experiments.shared.files import write_json_atomically
+from experiments.shared.files import append_line_durably, write_json_atomically
+
+PLACEMENTS_FILE = 'placements.jsonl'  # a line per start of training: its step, devices, mesh and bytes per device
 
 
 class NonFiniteLoss(RuntimeError):
@@ -163,6 +165,16 @@ class Runs:
         metrics_file.restore(workdir, self.start_step, covered, drop_evaluation_at_step=self.final_evaluation_pending)
       self.writers.append(metrics_file.MetricsWriter(workdir, self.primary))
     self.active = [writer is not None for writer in self.writers]
+
+  def record_placement(self, placement: dict) -> None:
+    """Appends where this start of training runs (devices, processes, mesh, bytes per device) to every
+    active run's PLACEMENTS_FILE, with the step it starts from: a run resumed on another mesh says so."""
+    if not self.primary:
+      return
+    line = json.dumps(dict(step=self.start_step, **placement), sort_keys=True)
+    for workdir, writer in zip(self.workdirs, self.writers):
+      if writer is not None:
+        append_line_durably(os.path.join(workdir, PLACEMENTS_FILE), line)
 
   def begin(self) -> None:
     """The loop starts: wall_time and throughput count from here."""

@@ -2,8 +2,9 @@
 
 pmap (default): parameters replicated on every local device, each device takes an equal slice of
 the batch, sums and gradients are psum-ed (the gradient of the global mean).
-mesh: one jit-compiled program over a 1-D device mesh ('data'); the batch is sharded along it
-with NamedSharding, parameters replicated; XLA inserts the collectives.
+mesh: one jit-compiled program over a data x fsdp x tensor device mesh (experiments/runs/sharding.py): the
+batch split over data and fsdp, parameters and optimizer state split by the config's rules (whole on every
+device with fsdp = tensor = 1); XLA inserts the collectives.
 Both work across hosts after jax.distributed.initialize: every host builds the same global batch
 from (seed, step, split) and places its own part.
 """
@@ -15,7 +16,11 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from experiments.runs import sharding
+from experiments.runs.settings import ParallelSettings, mesh_shape
 
 AXIS = 'batch'
 
@@ -45,14 +50,18 @@ def initialize_distributed(coordinator_address: Optional[str], num_processes: Op
 class _Placement:
   """Moves states and batches to devices and compiles the steps, for one parallel mode (a subclass each)."""
 
-  def __init__(self, devices: Optional[list] = None, batch_axis: int = 0):
+  def __init__(self, parallel: ParallelSettings, devices: Optional[list] = None, batch_axis: int = 0,
+               state_specs=None):
     """devices: all devices of all hosts by default; a subset (single host only) for comparisons.
     batch_axis: the axis of a global batch that holds its examples (1 when a replica axis comes first,
-    experiments/runs/replicas.py); the state's leaves carry that replica axis too, and stay whole."""
+    experiments/runs/replicas.py); the state's leaves carry that replica axis too, and stay whole.
+    state_specs: the training state's PartitionSpecs over the mesh axes (sharding.state_specs); None: whole."""
     self.batch_axis = batch_axis
     self.devices = list(devices) if devices is not None else jax.devices()
     self.num_devices = len(self.devices)
     self.local_devices = [d for d in self.devices if d.process_index == jax.process_index()]
+    self.mesh_shape = mesh_shape(parallel, self.num_devices)
+    self.state_specs = state_specs
 
   def put_batch(self, global_batch: dict) -> dict:
     """This host's part of a global batch (numpy), placed for the step."""
@@ -117,40 +126,61 @@ class PmapPlacement(_Placement):
 
 
 class MeshPlacement(_Placement):
-  """mesh: one jit-compiled program over a 1-D device mesh; batches sharded along it, the state
-  replicated; XLA inserts the collectives."""
+  """mesh: one jit-compiled program over a data x fsdp x tensor device mesh; batches split over data and
+  fsdp, the state by its PartitionSpecs; XLA inserts the collectives."""
 
-  def __init__(self, devices: Optional[list] = None, batch_axis: int = 0):
-    super().__init__(devices, batch_axis)
-    self.mesh = Mesh(np.asarray(self.devices), (AXIS,))
+  def __init__(self, parallel: ParallelSettings, devices: Optional[list] = None, batch_axis: int = 0,
+               state_specs=None):
+    super().__init__(parallel, devices, batch_axis, state_specs)
+    shape = tuple(self.mesh_shape[axis] for axis in sharding.MESH_AXES)
+    self.mesh = Mesh(np.asarray(self.devices).reshape(shape), sharding.MESH_AXES)
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
-    self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), AXIS))
+    self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), sharding.BATCH_AXES))
+    self.state_shardings = None
+
+  def _state_shardings(self, state):
+    """NamedShardings of the state's leaves (a replica axis first, whole, when there is one)."""
+    if self.state_specs is None:
+      return jax.tree_util.tree_map(lambda _: self.replicated, state)
+    return jax.tree_util.tree_map(
+        lambda spec: NamedSharding(self.mesh, PartitionSpec(*([None] * self.batch_axis), *spec)), self.state_specs,
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
 
   def put_batch(self, global_batch: dict) -> dict:
     return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
             for k, v in global_batch.items()}
 
   def put_state(self, host_state):
+    self.state_shardings = self._state_shardings(host_state)
     return jax.tree_util.tree_map(
-        lambda x: jax.make_array_from_callback(np.shape(x), self.replicated, lambda index: np.asarray(x)[index]),
-        host_state)
+        lambda x, where: jax.make_array_from_callback(np.shape(x), where, lambda index: np.asarray(x)[index]),
+        host_state, self.state_shardings)
 
   def host_state(self, state):
-    return jax.tree_util.tree_map(lambda x: np.asarray(x.addressable_data(0)), state)
+    return jax.tree_util.tree_map(_whole, state)
 
   def compile_train_step(self, step_fn: Callable) -> Callable:
     return jax.jit(functools.partial(step_fn, axis_name=None),
-                   in_shardings=(self.replicated, self.sharded, self.replicated),
-                   out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+                   in_shardings=(self.state_shardings, self.sharded, self.replicated),
+                   out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
 
   def compile_eval_step(self, eval_fn: Callable) -> Callable:
-    return jax.jit(functools.partial(eval_fn, axis_name=None), in_shardings=(self.replicated, self.sharded),
-                   out_shardings=self.replicated)
+    return jax.jit(functools.partial(eval_fn, axis_name=None),
+                   in_shardings=(self.state_shardings.params, self.sharded), out_shardings=self.replicated)
+
+
+def _whole(x: jax.Array) -> np.ndarray:
+  """The whole array on the host: one device's copy of a replicated array; a split one gathered, from other
+  processes too."""
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
 
 
 PLACEMENTS = {'pmap': PmapPlacement, 'mesh': MeshPlacement}
 
 
-def placement_for(mode: str, devices: Optional[list] = None, batch_axis: int = 0) -> _Placement:
-  """The placement of a parallel mode (config.parallel: 'pmap' or 'mesh')."""
-  return PLACEMENTS[mode](devices, batch_axis)
+def placement_for(parallel: ParallelSettings, devices: Optional[list] = None, batch_axis: int = 0,
+                  state_specs=None) -> _Placement:
+  """The placement of config.parallel (mode 'pmap' or 'mesh'); state_specs only counts for a mesh."""
+  return PLACEMENTS[parallel.mode](parallel, devices, batch_axis, state_specs)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 import transformer
-from experiments.runs import checkpoints, steps
+from experiments.runs import checkpoints, sharding, steps
 from experiments.runs.settings import ConfigError, Experiment
 from experiments.tasks import TASKS
 
@@ -36,12 +36,16 @@ def check(experiment: Experiment) -> None:
   except ValueError as error:
     message = ' '.join(str(error).split())
     raise ConfigError(message if message.startswith('model.') else f'model: {message}') from None
-  state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(state))
-  memory = device_memory()
-  if memory and state_bytes > memory:
-    raise ConfigError(f'model: its parameters and optimizer state take {state_bytes / 2**30:.1f} GiB, more than the '
-                      f'{memory / 2**30:.1f} GiB of one device (a position table or a setting too large?); valid: a '
-                      f'model that fits')
+  _, memory = sharding.plan(experiment, model, task, state, jax.device_count())
+  needed = memory['parameters'] + memory['optimizer_state'] + memory['activations']
+  available = device_memory()
+  if available and needed > available:
+    raise ConfigError(
+        f'model: one device would hold {needed / 2**30:.1f} GiB (parameters {memory["parameters"] / 2**30:.1f}, '
+        f'optimizer state {memory["optimizer_state"] / 2**30:.1f}, activations about '
+        f'{memory["activations"] / 2**30:.1f}), more than its {available / 2**30:.1f} GiB; valid: a configuration that '
+        f'fits: parameters split over more devices (parallel.fsdp), train.gradient_accumulation, model.remat, a '
+        f'smaller model or batch')
 
 
 def device_memory() -> int:

@@ -24,8 +24,12 @@ SUMMARY_FILE = 'summary.json'
 
 # Fields added after records were written, with the value every run had before the field existed: a
 # record without one ran with that value, so it is read as having it.
-ADDED_FIELDS = {'train.gradient_accumulation': 1, 'task.path': '', 'task.packing': 'stream', 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto', 'model.position.interpolation_factor': 1.0,
-                'model.position.temperature_scale': 0.0, 'model.position.temperature_floor': 8192,
+ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed': 'fsdp',
+                'parallel.rules.heads': 'tensor', 'parallel.rules.mlp': 'tensor', 'parallel.rules.vocab': '',
+                'train.gradient_accumulation': 1, 'task.path': '', 'task.packing': 'stream',
+                'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto',
+                'model.position.interpolation_factor': 1.0, 'model.position.temperature_scale': 0.0,
+                'model.position.temperature_floor': 8192,
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
 
 # Fields a restart may change, and why each leaves what the run has computed so far valid.
@@ -38,7 +42,9 @@ RESUMABLE_FIELDS = {
     'train.eval_every': 'how often the evaluation runs',
     'train.checkpoint_every': 'how often checkpoints are written',
     'train.keep_checkpoints': 'how many checkpoints are kept',
-    'parallel': 'how the same global batch is placed on devices (pmap or mesh give the same numbers)',
+    **{f'parallel.{name}': 'how the same global batch and state are placed on devices (every placement gives the '
+                           'same numbers, up to float summation order)'
+       for name in ('mode', 'fsdp', 'tensor', 'rules.embed', 'rules.heads', 'rules.mlp', 'rules.vocab')},
     'task.eval_lengths': 'which lengths later evaluations measure',
     'task.eval_batches': 'how many batches later evaluations average',
 }
@@ -52,9 +58,17 @@ class RunMismatch(ValueError):
     self.lines = lines
 
 
+# Fields that moved, by their old name: a record that has one is read with its value at the new name.
+RENAMED_FIELDS = {'parallel': 'parallel.mode'}
+
+
 def canonical(resolved: dict) -> dict:
-  """The configuration as it reads back from JSON (tuples become lists), so equal means equal on disk."""
-  return json.loads(json.dumps(resolved, sort_keys=True))
+  """The configuration as it reads back from JSON (tuples become lists), so equal means equal on disk; a
+  record from before a field moved (RENAMED_FIELDS) reads with the field at its new place."""
+  resolved = json.loads(json.dumps(resolved, sort_keys=True))
+  if isinstance(resolved.get('parallel'), str):  # the mode alone, before parallel became a section
+    resolved['parallel'] = {'mode': resolved['parallel']}
+  return resolved
 
 
 def flatten(tree: dict, prefix: str = '') -> dict:
@@ -80,7 +94,7 @@ def differences(stored: dict, requested: dict) -> dict:
 
 
 def _set(tree: dict, dotted: str, value) -> None:
-  *parents, leaf = dotted.split('.')
+  *parents, leaf = RENAMED_FIELDS.get(dotted, dotted).split('.')
   for parent in parents:
     tree = tree.setdefault(parent, {})
   tree[leaf] = value
@@ -92,7 +106,7 @@ def stored_config(workdir: str) -> Optional[dict]:
   if not os.path.exists(path):
     return None
   with open(path) as file:
-    config = json.load(file)
+    config = canonical(json.load(file))
   changes_path = os.path.join(workdir, CHANGES_FILE)
   if os.path.exists(changes_path):
     with open(changes_path) as file:

@@ -51,9 +51,20 @@ class TrainSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ParallelSettings:
+  mode: str     # 'pmap' or 'mesh'
+  fsdp: int     # mesh: devices along the 'fsdp' axis, over which parameters and optimizer state are split; -1: all
+  tensor: int   # mesh: devices along the 'tensor' axis, over which heads and feed-forward units are split
+  rules: tuple  # (logical axis name, mesh axis or '' for none) pairs: where each named parameter axis is split
+
+  def rule(self, logical: str) -> str:
+    return dict(self.rules).get(logical, '')
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
   seed: int
-  parallel: str
+  parallel: ParallelSettings
   task: TaskSettings
   model: transformer.ModelConfig
   train: TrainSettings
@@ -137,8 +148,7 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   seed = _check_type('seed', config.seed, int)
   if not 0 <= seed <= MAX_SEED:
     raise ConfigError(f'seed: got {seed}; valid: an integer in [0, {MAX_SEED}] (JAX seeds are 32-bit)')
-  parallel = _check_type('parallel', config.parallel, str)
-  _one_of('parallel', parallel, PARALLEL_MODES)
+  parallel = _parallel_settings(config.parallel, num_devices)
   task = _task_settings(config.task)
   train = _train_settings(config.train, num_devices)
   task_object = TASKS[task.name](task)
@@ -149,6 +159,52 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   _check_lengths(task, task_object, model)
   _check_packing(task, model)
   return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
+
+
+def _parallel_settings(section, num_devices: int) -> ParallelSettings:
+  """The parallel section: the mode, the mesh's fsdp and tensor sizes (which must divide the devices) and
+  the rules from logical parameter axes to mesh axes."""
+  if not isinstance(section, ml_collections.ConfigDict):
+    raise ConfigError(f'parallel: got {section!r}; valid: a section, set as --config.parallel.mode=pmap|mesh')
+  fields = {'mode', 'fsdp', 'tensor', 'rules'}
+  unknown = sorted(set(section.keys()) - fields)
+  if unknown:
+    raise ConfigError(f'parallel.{unknown[0]}: unknown field; valid fields of parallel: mode, fsdp, tensor, rules')
+  mode = _check_type('parallel.mode', section.mode, str)
+  _one_of('parallel.mode', mode, PARALLEL_MODES)
+  fsdp, tensor = _check_type('parallel.fsdp', section.fsdp, int), _check_type('parallel.tensor', section.tensor, int)
+  if fsdp != -1:
+    _positive('parallel.fsdp', fsdp)
+  _positive('parallel.tensor', tensor)
+  if mode == 'pmap' and (fsdp, tensor) != (1, 1):
+    name, value = ('parallel.fsdp', fsdp) if fsdp != 1 else ('parallel.tensor', tensor)
+    raise ConfigError(f'{name}: got {value} with parallel.mode=pmap, which replicates parameters; valid: 1, or '
+                      f'parallel.mode=mesh')
+  rules = []
+  for logical in sorted(section.rules.keys()):
+    target = _check_type(f'parallel.rules.{logical}', section.rules[logical], str)
+    if target not in ('', 'fsdp', 'tensor'):
+      raise ConfigError(f"parallel.rules.{logical}: got {target!r}; valid: 'fsdp', 'tensor', or '' (that axis whole "
+                        f"on every device)")
+    rules.append((logical, target))
+  parallel = ParallelSettings(mode, fsdp, tensor, tuple(rules))
+  mesh_shape(parallel, num_devices)
+  return parallel
+
+
+def mesh_shape(parallel: ParallelSettings, num_devices: int) -> dict:
+  """{'data': ..., 'fsdp': ..., 'tensor': ...}: the mesh of `num_devices` devices the parallel settings ask
+  for (all on 'data' with pmap); ConfigError when fsdp x tensor does not divide the device count."""
+  if parallel.mode == 'pmap':
+    return {'data': num_devices, 'fsdp': 1, 'tensor': 1}
+  tensor = parallel.tensor
+  if num_devices % tensor:
+    raise ConfigError(f'parallel.tensor: got {tensor} on {num_devices} device(s); valid: a divisor of {num_devices}')
+  fsdp = num_devices // tensor if parallel.fsdp == -1 else parallel.fsdp
+  if num_devices % (fsdp * tensor):
+    raise ConfigError(f'parallel.fsdp: got {parallel.fsdp} with parallel.tensor={tensor} on {num_devices} '
+                      f'device(s); valid: a divisor of {num_devices // tensor}, or -1 for all of them')
+  return {'data': num_devices // (fsdp * tensor), 'fsdp': fsdp, 'tensor': tensor}
 
 
 def _task_settings(section) -> TaskSettings:
@@ -315,6 +371,7 @@ def to_dict(experiment: Experiment) -> dict:
   data.identity what names the task's data beyond its settings (a prepared corpus), when it has such."""
   record = dataclasses.asdict(experiment)
   record['model']['position'] = experiment.model.position.fields()
+  record['parallel']['rules'] = dict(experiment.parallel.rules)
   identity = TASKS[experiment.task.name](experiment.task).data_identity()
   if identity is not None:
     record['data'] = {'identity': identity}

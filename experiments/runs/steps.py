@@ -46,11 +46,16 @@ def make_optimizer(train: TrainSettings) -> optax.GradientTransformation:
   return optimizer
 
 
+def sample_inputs(experiment: Experiment, task: Task) -> tuple[tuple, dict]:
+  """A training-shaped batch of two as the model's (args, kwargs): what initialisation traces."""
+  return task.model_inputs(task.batch(experiment.seed, 0, 'train', 2))
+
+
 def create_train_state(experiment: Experiment, model: nn.Module, task: Task) -> TrainState:
   """Parameters initialised from the seed on a training-shaped batch (on the host, not sharded)."""
-  sample = task.batch(experiment.seed, 0, 'train', 2)
-  args, kwargs = task.model_inputs(sample)
-  params = jax.jit(lambda key: model.init(key, *args, **kwargs)['params'])(jax.random.PRNGKey(experiment.seed))
+  args, kwargs = sample_inputs(experiment, task)
+  params = jax.jit(lambda key: nn.meta.unbox(model.init(key, *args, **kwargs)['params']))(
+      jax.random.PRNGKey(experiment.seed))
   return TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(experiment.train))
 
 

@@ -11,7 +11,7 @@ import jax
 from absl import logging
 
 import transformer
-from experiments.runs import steps
+from experiments.runs import sharding, steps
 from experiments.runs.evaluation import evaluate
 from experiments.runs.lifecycle import NonFiniteLoss, ReplicasOutOfStep, Runs, WorkdirBusy, WorkdirUnusable
 from experiments.runs.parallel import placement_for
@@ -79,8 +79,20 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
     runs.resume(lambda run_experiment: steps.create_train_state(run_experiment, model, task))
     if runs.all_finished:
       return runs.results()
-    placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis)
+    specs, memory = sharding.plan(experiment, model, task, runs.host_states[0], len(devices or jax.devices()))
+    log_memory(memory, replicas.count)
+    runs.record_placement(dict(memory, devices=len(devices or jax.devices()), processes=jax.process_count(),
+                               backend=jax.default_backend(), mode=experiment.parallel.mode))
+    placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis, state_specs=specs)
     return runs.results(_train(experiment, runs, task, model, placement, replicas, wrap_train_step, stop))
+
+
+def log_memory(memory: dict, replicas: int = 1) -> None:
+  """One line: the mesh and the bytes per device of parameters, optimizer state and (estimated) activations."""
+  mesh = ' x '.join(f'{axis} {size}' for axis, size in memory['mesh'].items())
+  logging.info('mesh %s; per device%s: parameters %.1f MiB, optimizer state %.1f MiB, activations about %.1f MiB '
+               '(estimated)', mesh, f', {replicas} seeds' if replicas > 1 else '',
+               *(replicas * memory[name] / 2**20 for name in ('parameters', 'optimizer_state', 'activations')))
 
 
 def _train(experiment, runs: Runs, task, model, placement, replicas, wrap_train_step, stop) -> list[dict]:
