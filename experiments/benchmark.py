@@ -1,4 +1,4 @@
-"""Benchmarks, one command with five subcommands (each prints a table; see BENCHMARKS.md):
+"""Benchmarks, one command with six subcommands (each prints a table; see BENCHMARKS.md):
 
   python -m experiments.benchmark [step] [--positions=all --lengths=256,1024 --peer ...]
       the training step of every positional variant: time, tokens/s, MFU, peak memory
@@ -15,6 +15,9 @@
   python -m experiments.benchmark corpus [--sizes_mb=50,200 --tokenizers=bytes,bpe ...]
       prepare_corpus's throughput and peak memory by input size, and the data loader's share of a step
       (experiments/benchmarks/corpus.py)
+  python -m experiments.benchmark sharding [--config=configs/corpus.py --steps=5 ...]
+      a replicated state against fsdp and tensor splits on 8 devices, and remat and gradient accumulation
+      on one: step time and memory per device (experiments/benchmarks/sharding.py)
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -45,12 +48,18 @@ def _corpus():
   return corpus
 
 
+def _sharding():
+  from experiments.benchmarks import sharding
+  return sharding
+
+
 def _seeds():
   from experiments.benchmarks import seeds
   return seeds
 
 
-SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds, 'corpus': _corpus}  # each module defines its own flags
+SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds, 'corpus': _corpus,
+               'sharding': _sharding}  # each module defines its own flags
 
 
 def main():

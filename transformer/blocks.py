@@ -14,7 +14,7 @@ import numpy as np
 
 from transformer.attention_request import AttentionMask, AttentionPositions
 from transformer.config import ModelConfig
-from transformer.layers import Dropout, FeedForward, LayerNorm
+from transformer.layers import Dropout, FeedForward, LayerNorm, batch_split
 from transformer.masks import causal_mask, cross_attention_mask, segment_mask, self_attention_mask
 from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
@@ -160,7 +160,7 @@ class TransformerStack(nn.Module):
         next_index.value = cache_index + length
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
-    x_BxLxD = hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype)  # a float32 table would promote
+    x_BxLxD = batch_split(hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype))  # a float32 table would promote
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     # The Pallas kernel computes the terms from kernel_shared: the stack's whole-call terms would go unused.
     pallas = config.attention_implementation == 'pallas'
@@ -192,8 +192,8 @@ class TransformerStack(nn.Module):
     for index in range(self.num_layers):
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                          deterministic=deterministic, layer_index=index, packed=packed, name=f'layer_{index}')
-      x_BxLxD = layer(x_BxLxD, self_mask=self_mask, positions_BxL=positions_BxL, shared=shared,
-                      memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources)
+      x_BxLxD = batch_split(layer(x_BxLxD, self_mask=self_mask, positions_BxL=positions_BxL, shared=shared,
+                                  memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources))
     if config.norm == 'pre':
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))

@@ -14,6 +14,14 @@ import jax.numpy as jnp
 # Logical names of parameter axes: what an axis means, never where it lives. Experiments map them to the
 # axes of a device mesh (experiments/runs/sharding.py); an axis without a name is never split.
 EMBED, HEADS, MLP, VOCAB = 'embed', 'heads', 'mlp', 'vocab'
+BATCH = 'batch'  # the examples axis of activations
+
+
+def batch_split(x: chex.Array) -> chex.Array:
+  """x, asked to stay split along its first (examples) axis where the caller has mapped the name 'batch'
+  to mesh axes (nn.logical_axis_rules and a mesh set); x itself everywhere else. Keeps XLA from gathering
+  activations to meet a parameter split along another axis."""
+  return nn.with_logical_constraint(x, (BATCH,) + (None,) * (x.ndim - 1))
 
 
 def named_axes(init: Callable, axes: Optional[tuple]) -> Callable:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from transformer.blocks import TransformerStack
 from transformer.config import ModelConfig
-from transformer.layers import EMBED, VOCAB, Dense, Embed
+from transformer.layers import EMBED, VOCAB, Dense, Embed, batch_split
 
 
 def check_token_input(tokens, name: str) -> None:
@@ -30,13 +30,13 @@ class TokenEmbedding(nn.Module):
       self.output = Dense(self.config.vocab_size, name='output', axes=(EMBED, VOCAB))
 
   def __call__(self, tokens_BxL):
-    x = self.embed(tokens_BxL).astype(self.config.dtype)
+    x = batch_split(self.embed(tokens_BxL).astype(self.config.dtype))
     return x * math.sqrt(self.config.model_dim) if self.config.scale_embeddings else x
 
   def logits(self, x_BxLxD):
     """In float32 whatever the compute dtype: the softmax over a large vocabulary needs it."""
     x_BxLxD = x_BxLxD.astype(jnp.float32)
-    return self.embed.attend(x_BxLxD) if self.config.tie_embeddings else self.output(x_BxLxD)
+    return batch_split(self.embed.attend(x_BxLxD) if self.config.tie_embeddings else self.output(x_BxLxD))
 
 
 class DecoderOnly(nn.Module):

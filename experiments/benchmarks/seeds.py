@@ -39,7 +39,7 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
   import functools
   import jax
   import transformer
-  from experiments.runs import steps
+  from experiments.runs import sharding, steps
   from experiments.runs.parallel import placement_for
   from experiments.runs.replicas import Replicas
   from experiments.runs.settings import from_config_dict
@@ -50,10 +50,14 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
   replicas = Replicas(range(experiment.seed, experiment.seed + count))
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
-  placement = placement_for(experiment.parallel, batch_axis=replicas.batch_axis)
   host_states = [jax.device_get(steps.create_train_state(dataclasses.replace(experiment, seed=seed), model, task))
                  for seed in replicas.seeds]
+  specs, memory = sharding.plan(experiment, model, task, host_states[0], jax.device_count())
+  placement = placement_for(experiment.parallel, batch_axis=replicas.batch_axis, state_specs=specs)
   state = placement.put_state(replicas.join(host_states))
+  first = jax.devices()[0]
+  state_bytes_on_first = sum(shard.data.nbytes for leaf in jax.tree_util.tree_leaves(state)
+                             for shard in leaf.addressable_shards if shard.device == first)
   train_step = placement.compile_train_step(replicas.train_step(functools.partial(
       steps.train_step, model=model, task=task, experiment=experiment)))
   seed_argument = replicas.seed_argument()
@@ -70,6 +74,8 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
     return state
 
   started = time.perf_counter()
+  first_batch = placement.put_batch(replicas.join([task.batch(seed, 0, 'train', batch_size) for seed in replicas.seeds]))
+  memory_analysis = train_step.lower(state, first_batch, seed_argument).compile().memory_analysis()
   state = one_step(state, 0)
   compile_seconds = time.perf_counter() - started
   for step in range(1, 1 + _WARMUP.value):
@@ -86,7 +92,10 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
               batch_ms=1e3 * statistics.median(batch_times), batch_share=sum(batch_times) / sum(times),
               batch_size=batch_size, length=experiment.task.max_length,
               peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, devices=jax.device_count(),
-              backend=jax.default_backend())
+              backend=jax.default_backend(), state_bytes_on_first_device=state_bytes_on_first,
+              planned=dict(memory, mesh=None), mesh=memory['mesh'],
+              compiled_temporary_bytes=getattr(memory_analysis, 'temp_size_in_bytes', None),
+              compiled_argument_bytes=getattr(memory_analysis, 'argument_size_in_bytes', None))
 
 
 def main(argv):

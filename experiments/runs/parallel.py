@@ -13,6 +13,7 @@ import functools
 import os
 from typing import Callable, Optional
 
+import flax.linen as nn
 import jax
 import numpy as np
 from absl import logging
@@ -137,6 +138,7 @@ class MeshPlacement(_Placement):
     self.replicated = NamedSharding(self.mesh, PartitionSpec())
     self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), sharding.BATCH_AXES))
     self.state_shardings = None
+    self.rules = sharding.ACTIVATION_RULES
 
   def _state_shardings(self, state):
     """NamedShardings of the state's leaves (a replica axis first, whole, when there is one)."""
@@ -160,13 +162,31 @@ class MeshPlacement(_Placement):
     return jax.tree_util.tree_map(_whole, state)
 
   def compile_train_step(self, step_fn: Callable) -> Callable:
-    return jax.jit(functools.partial(step_fn, axis_name=None),
-                   in_shardings=(self.state_shardings, self.sharded, self.replicated),
-                   out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
+    return _InMesh(jax.jit(functools.partial(step_fn, axis_name=None),
+                           in_shardings=(self.state_shardings, self.sharded, self.replicated),
+                           out_shardings=(self.state_shardings, self.replicated), donate_argnums=0),
+                   self.mesh, self.rules)
 
   def compile_eval_step(self, eval_fn: Callable) -> Callable:
-    return jax.jit(functools.partial(eval_fn, axis_name=None),
-                   in_shardings=(self.state_shardings.params, self.sharded), out_shardings=self.replicated)
+    return _InMesh(jax.jit(functools.partial(eval_fn, axis_name=None),
+                           in_shardings=(self.state_shardings.params, self.sharded), out_shardings=self.replicated),
+                   self.mesh, self.rules)
+
+
+class _InMesh:
+  """A jitted step called (and so traced) with its mesh set and the logical axis rules active: the library's
+  activation constraints (transformer.layers.batch_split) then keep activations split over the batch axes."""
+
+  def __init__(self, jitted, mesh: Mesh, rules: tuple):
+    self.jitted, self.mesh, self.rules = jitted, mesh, rules
+
+  def __call__(self, *args):
+    with jax.sharding.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with jax.sharding.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return self.jitted.lower(*args)
 
 
 def _whole(x: jax.Array) -> np.ndarray:

@@ -15,11 +15,15 @@ import jax
 import optax
 from jax.sharding import PartitionSpec
 
+import transformer
+
 from experiments.runs import steps
 from experiments.runs.settings import ConfigError, ParallelSettings, mesh_shape
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 BATCH_AXES = ('data', 'fsdp')  # a batch's examples are split over both; 'tensor' devices share theirs
+# Flax logical axis rules for the library's activation constraints (transformer.layers.batch_split).
+ACTIVATION_RULES = ((transformer.layers.BATCH, BATCH_AXES),)
 
 
 def logical_names(model, sample_args: tuple, sample_kwargs: dict):

@@ -1,0 +1,94 @@
+"""Parameters split over devices, gradient accumulation and rematerialisation: what each costs in step time
+and saves in memory per device, each row in its own process.
+
+  python -m experiments.benchmark sharding [--config=configs/corpus.py] [--steps=5] [--warmup=1]
+                                           [--json=sharding.json]
+
+Rows on 8 devices (on a CPU, XLA's fake host devices: --xla_force_host_platform_device_count=8) compare a
+replicated state with fsdp=8 and with fsdp=4 x tensor=2; rows on one device compare the plain step with
+model.remat and with train.gradient_accumulation=4. Reported per row: the median step (the trainer's loop:
+batch, place, step, read the metrics), the state's bytes on device 0 (read from the placed arrays), the
+plan's estimate of activations, and what XLA's compiled step says one device needs: its arguments
+(the state and batch) and its temporaries (activations and workspace), the numbers that bound a device's
+memory. Peak RSS is the whole process (on a CPU every fake device shares it).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import flags
+
+from experiments.benchmarks import seeds as seeds_benchmark
+from experiments.shared import cli
+
+_CONFIG = flags.DEFINE_string('config', 'configs/corpus.py', 'The config every row starts from.')
+_MODEL = flags.DEFINE_string('model', 'model.model_dim=256,model.feed_forward_dim=1024,model.num_decoder_layers=4',
+                             'Comma-separated dotted overrides (integers) applied to every row.')
+_SHARDING_JSON = flags.DEFINE_string('sharding_json', None, 'Also write the rows to this JSON file.')
+_SHARDING_ROW = flags.DEFINE_string('sharding_row', None, 'Internal: run one row by its name, print its JSON.')
+
+ROWS = {  # name: (devices, overrides)
+    'replicated (mesh)': (8, {'parallel.mode': 'mesh'}),
+    'fsdp=8': (8, {'parallel.mode': 'mesh', 'parallel.fsdp': 8}),
+    'fsdp=4 x tensor=2': (8, {'parallel.mode': 'mesh', 'parallel.fsdp': 4, 'parallel.tensor': 2}),
+    'one device': (1, {}),
+    'one device, model.remat': (1, {'model.remat': True}),
+    'one device, gradient_accumulation=4': (1, {'train.gradient_accumulation': 4}),
+}
+
+
+def _model_overrides() -> dict:
+  overrides = {}
+  for item in filter(None, (part.strip() for part in _MODEL.value.split(','))):
+    field, _, value = item.partition('=')
+    if not value.lstrip('-').isdigit():
+      cli.fail(f'--model: got {item!r}; valid: comma-separated FIELD=INTEGER overrides')
+    overrides[field] = int(value)
+  return overrides
+
+
+def main(argv):
+  del argv
+  if _SHARDING_ROW.value:
+    _, overrides = ROWS[_SHARDING_ROW.value]
+    print('ROW ' + json.dumps(seeds_benchmark.run_row(_CONFIG.value, 1, {**_model_overrides(), **overrides})))
+    return
+  cli.load_config_file(_CONFIG.value)  # a bad file is named before anything runs
+  _model_overrides()
+  rows = []
+  for name, (devices, _) in ROWS.items():
+    command = [sys.executable, '-m', 'experiments.benchmark', 'sharding', f'--sharding_row={name}',
+               f'--config={_CONFIG.value}', f'--model={_MODEL.value}', f'--steps={seeds_benchmark._STEPS.value}',  # pylint: disable=protected-access
+               f'--warmup={seeds_benchmark._WARMUP.value}']  # pylint: disable=protected-access
+    flags_now = os.environ.get('XLA_FLAGS', '')
+    environment = dict(os.environ, PYTHONPATH=os.getcwd(),
+                       XLA_FLAGS=f'{flags_now} --xla_force_host_platform_device_count={devices}'.strip())
+    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
+    found = [line for line in completed.stdout.splitlines() if line.startswith('ROW ')]
+    if completed.returncode != 0 or not found:
+      cli.fail(f'{name}: exit code {completed.returncode}: '
+               f'{(completed.stderr.strip().splitlines() or ["no output"])[-1]}')
+    rows.append(dict(json.loads(found[0][4:]), name=name))
+    print(f'{name}: {rows[-1]["step_ms"]:.1f} ms', file=sys.stderr, flush=True)
+  print(table(rows))
+  if _SHARDING_JSON.value:
+    with open(_SHARDING_JSON.value, 'w') as file:
+      json.dump(rows, file, indent=1)
+
+
+def table(rows: list[dict]) -> str:
+  mib = 2 ** 20
+  lines = ['| row | devices | mesh (data x fsdp x tensor) | step ms (min-max) | state on device 0 MiB | '
+           'compiled step on one device: arguments / temporaries MiB | activations (estimate) MiB | peak RSS MiB |',
+           '|---|---|---|---|---|---|---|---|']
+  for row in rows:
+    mesh = ' x '.join(str(row['mesh'][axis]) for axis in ('data', 'fsdp', 'tensor'))
+    arguments, temporaries = row['compiled_argument_bytes'], row['compiled_temporary_bytes']
+    compiled = (f'{arguments / mib:.1f} / {temporaries / mib:.1f}' if arguments is not None and temporaries is not None
+                else 'not reported')
+    lines.append(f'| {row["name"]} | {row["devices"]} | {mesh} | {row["step_ms"]:.0f} ({row["step_min_ms"]:.0f}-'
+                 f'{row["step_max_ms"]:.0f}) | {row["state_bytes_on_first_device"] / mib:.1f} | {compiled} | '
+                 f'{row["planned"]["activations"] / mib:.1f} | {row["peak_rss_mib"]:.0f} |')
+  return '\n'.join(lines)
