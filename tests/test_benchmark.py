@@ -207,3 +207,23 @@ def test_seeds_benchmark_names_a_bad_count():
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip() == "error: --seeds: got '0,2'; valid: comma-separated positive integers, e.g. 1,2,4,8"
+
+
+@pytest.mark.slow
+def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_path):
+  output = tmp_path / 'sharding.json'
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark', 'sharding', '--config=configs/smoke.py',
+       '--model=model.feed_forward_dim=128', '--steps=2', '--warmup=0', f'--sharding_json={output}'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+      timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = {row['name']: row for row in json.loads(output.read_text())}
+  assert [rows[name]['devices'] for name in rows] == [8, 8, 8, 1, 1, 1]
+  assert rows['fsdp=8']['mesh'] == {'data': 1, 'fsdp': 8, 'tensor': 1}
+  # Every matrix split eight ways, the vectors whole: well under a quarter of the replicated state.
+  assert rows['fsdp=8']['state_bytes_on_first_device'] < rows['replicated (mesh)']['state_bytes_on_first_device'] / 4
+  assert (rows['one device, gradient_accumulation=4']['compiled_temporary_bytes']
+          < rows['one device']['compiled_temporary_bytes'])
+  for name, row in rows.items():
+    assert f'| {name} | {row["devices"]} | ' in result.stdout

@@ -98,6 +98,18 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
               compiled_argument_bytes=getattr(memory_analysis, 'argument_size_in_bytes', None))
 
 
+def row_in_subprocess(command: list[str], label: str, environment: dict | None = None) -> dict:
+  """The row a benchmark command run as its own process prints on its 'ROW {json}' line; a one-line failure
+  naming `label` and the command's last error line when it prints none."""
+  completed = subprocess.run(command, capture_output=True, text=True, check=False,
+                             env=dict(environment or os.environ, PYTHONPATH=os.getcwd()))
+  found = [line for line in completed.stdout.splitlines() if line.startswith('ROW ')]
+  if completed.returncode != 0 or not found:
+    cli.fail(f'{label}: exit code {completed.returncode}: '
+             f'{(completed.stderr.strip().splitlines() or ["no output"])[-1]}')
+  return json.loads(found[0][4:])
+
+
 def main(argv):
   del argv
   if _ROW.value:
@@ -120,13 +132,7 @@ def main(argv):
     for count in counts:
       command = [sys.executable, '-m', 'experiments.benchmark', 'seeds', f'--row={config_argument}|{count}',
                  f'--steps={_STEPS.value}', f'--warmup={_WARMUP.value}']
-      completed = subprocess.run(command, capture_output=True, text=True, check=False,
-                                 env=dict(os.environ, PYTHONPATH=os.getcwd()))
-      found = [l for l in completed.stdout.splitlines() if l.startswith('ROW ')]
-      if completed.returncode != 0 or not found:
-        cli.fail(f'{config_argument} with {count} seeds: exit code {completed.returncode}: '
-                 f'{(completed.stderr.strip().splitlines() or ["no output"])[-1]}')
-      rows.append(json.loads(found[0][4:]))
+      rows.append(row_in_subprocess(command, f'{config_argument} with {count} seeds'))
       print(f'{config_argument} x{count}: {rows[-1]["step_ms"]:.1f} ms', file=sys.stderr, flush=True)
   print(table(rows))
   if _JSON.value:

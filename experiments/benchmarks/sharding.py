@@ -15,7 +15,6 @@ memory. Peak RSS is the whole process (on a CPU every fake device shares it).
 
 import json
 import os
-import subprocess
 import sys
 
 from absl import flags
@@ -63,14 +62,8 @@ def main(argv):
                f'--config={_CONFIG.value}', f'--model={_MODEL.value}', f'--steps={seeds_benchmark._STEPS.value}',  # pylint: disable=protected-access
                f'--warmup={seeds_benchmark._WARMUP.value}']  # pylint: disable=protected-access
     flags_now = os.environ.get('XLA_FLAGS', '')
-    environment = dict(os.environ, PYTHONPATH=os.getcwd(),
-                       XLA_FLAGS=f'{flags_now} --xla_force_host_platform_device_count={devices}'.strip())
-    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
-    found = [line for line in completed.stdout.splitlines() if line.startswith('ROW ')]
-    if completed.returncode != 0 or not found:
-      cli.fail(f'{name}: exit code {completed.returncode}: '
-               f'{(completed.stderr.strip().splitlines() or ["no output"])[-1]}')
-    rows.append(dict(json.loads(found[0][4:]), name=name))
+    environment = dict(os.environ, XLA_FLAGS=f'{flags_now} --xla_force_host_platform_device_count={devices}'.strip())
+    rows.append(dict(seeds_benchmark.row_in_subprocess(command, name, environment), name=name))
     print(f'{name}: {rows[-1]["step_ms"]:.1f} ms', file=sys.stderr, flush=True)
   print(table(rows))
   if _SHARDING_JSON.value:
