@@ -46,7 +46,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.model.tie_embeddings = True   # output projection = input embedding transposed
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
   config.model.bidirectional = True    # recurrent encoders read both directions
-  config.model.remat = False           # recompute layer activations in the backward pass: less memory, more time
+  config.model.remat = 'none'          # recompute layer activations in the backward pass: 'block' (all) or 'matmuls'
+  #                                      (all but the matmuls' outputs); less memory, more time
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
   config.model.attention_implementation = 'auto'  # auto, explicit, blockwise, xla, cudnn (transformer/attention_core.py)
   config.model.attention_block_size = 128  # causal attention 128 queries at a time, later keys skipped; 0: one softmax

@@ -46,13 +46,13 @@ def test_benchmark_runs_bfloat16_with_remat_against_the_bfloat16_peak(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'experiments.benchmark', '--positions=rope', '--lengths=16', '--steps=2', '--warmup=1',
        '--model_dim=32', '--feed_forward_dim=64', '--num_layers=1', '--batch_size=2', '--compute_dtype=bfloat16',
-       '--remat', f'--json={output}'],
+       '--remat=block', f'--json={output}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "matmul peak (bfloat16, measured in each row's process" in result.stdout and 'layers rematerialised' in result.stdout
   report = json.loads(output.read_text())
-  assert report['compute_dtype'] == 'bfloat16' and report['remat'] is True
+  assert report['compute_dtype'] == 'bfloat16' and report['remat'] == 'block'
   row, = report['rows']
   assert row['variant'] == 'rope' and row['tokens_per_second'] > 0
 

@@ -1,6 +1,7 @@
 """The command line, in real subprocesses: SIGTERM and resume, two hosts on loopback. (The table of
 bad configurations is in test_robustness.py.)"""
 
+import json
 import os
 import pathlib
 import signal
@@ -110,17 +111,26 @@ def _free_port() -> int:
     return probe.getsockname()[1]
 
 
+PROCESS_PLACEMENTS = {  # name: (overrides, devices per process); the single process has the same device count
+    'pmap': (['--config.parallel.mode=pmap'], 1),
+    'mesh': (['--config.parallel.mode=mesh'], 1),
+    # parameters split over all 8 devices of both processes: gathered across them for every checkpoint
+    'mesh, fsdp=8 across 2 x 4 devices': (['--config.parallel.mode=mesh', '--config.parallel.fsdp=8'], 4),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
-def test_two_processes_on_loopback_match_one_process(tmp_path, parallel):
-  common = [f'--config.parallel.mode={parallel}', '--config.train.log_every=1']
-  single = _train(tmp_path / 'single', *common, devices=2)
+@pytest.mark.parametrize('placement', PROCESS_PLACEMENTS)
+def test_two_processes_on_loopback_match_one_process(tmp_path, placement):
+  overrides, per_process = PROCESS_PLACEMENTS[placement]
+  common = [*overrides, '--config.train.log_every=1']
+  single = _train(tmp_path / 'single', *common, devices=2 * per_process)
   assert single.returncode == 0, single.stderr[-2000:]
   address = f'localhost:{_free_port()}'
   processes = [subprocess.Popen(
       _command(tmp_path / 'multi', *common, f'--coordinator_address={address}', '--num_processes=2',
                f'--process_id={index}'),
-      cwd=ROOT, env=_environment(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=ROOT, env=_environment(devices=per_process), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
       for index in range(2)]
   outputs = [p.communicate(timeout=300) for p in processes]
   for process, (_, stderr) in zip(processes, outputs):
@@ -130,3 +140,5 @@ def test_two_processes_on_loopback_match_one_process(tmp_path, parallel):
   one = [r['loss'] for r in read_metrics(str(tmp_path / 'single'))]
   assert len(multi) == len(one) > 20
   assert max(abs(a - b) / abs(b) for a, b in zip(multi, one)) < 1e-5
+  started = json.loads((tmp_path / 'multi' / 'placements.jsonl').read_text().splitlines()[0])
+  assert (started['processes'], started['devices']) == (2, 2 * per_process)

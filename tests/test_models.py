@@ -239,12 +239,13 @@ def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch
     np.testing.assert_allclose(fused, explicit, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('kind', ['shaw', 't5', 'rope'])
-def test_rematerialised_layers_give_the_same_outputs_and_gradients(kind):
+@pytest.mark.parametrize('kind, policy', [pytest.param('shaw', 'block', marks=pytest.mark.slow),
+                                          pytest.param('t5', 'block', marks=pytest.mark.slow), ('rope', 'block'),
+                                          ('t5', 'matmuls')])
+def test_rematerialised_layers_give_the_same_outputs_and_gradients(kind, policy):
   inputs = tokens(2, 7)
   plain = T.DecoderOnly(tiny(kind, dropout_rate=0.1))
-  remat = T.DecoderOnly(tiny(kind, dropout_rate=0.1, remat=True))
+  remat = T.DecoderOnly(tiny(kind, dropout_rate=0.1, remat=policy))
   params = init(plain, inputs)
   assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(init(remat, inputs))
 

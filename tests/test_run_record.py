@@ -161,3 +161,18 @@ def test_a_record_from_before_a_field_existed_reads_as_the_value_it_ran_with(tmp
   (tmp_path / 'config.json').write_text(json.dumps(old))
   assert run_record.differences(run_record.stored_config(str(tmp_path)), requested) == {
       'model.randomized_max_length': (64, 0)}
+
+
+def test_a_record_from_before_fields_moved_or_changed_type_reads_as_it_ran(tmp_path):
+  """parallel was the mode alone ('pmap'), model.remat a bool: such a record reads as parallel.mode and the
+  remat policy it ran ('none' for false, 'block' for true), and a change to the old field applies to the new."""
+  requested = settings.to_dict(smoke_experiment(**{'model.remat': 'block'}))
+  old = json.loads(json.dumps(requested))
+  old['parallel'] = 'pmap'
+  old['model']['remat'] = True
+  (tmp_path / 'config.json').write_text(json.dumps(old))
+  assert run_record.differences(run_record.stored_config(str(tmp_path)), requested) == {}
+  (tmp_path / 'config_changes.jsonl').write_text(json.dumps({'step': 10, 'changes': {'parallel': ['pmap', 'mesh']}}))
+  assert run_record.stored_config(str(tmp_path))['parallel']['mode'] == 'mesh'
+  assert run_record.differences(run_record.stored_config(str(tmp_path)), requested) == {
+      'parallel.mode': ('mesh', 'pmap')}

@@ -28,6 +28,14 @@ def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bo
               model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls, **layer)
 
 
+# What a rematerialised layer keeps for its backward pass (jax.checkpoint policies). 'block': only its input,
+# everything else recomputed (about one more forward pass). 'matmuls': also the outputs of matmuls without
+# batch dimensions (the projections and feed-forward, 2-D in transformer.layers.linear); attention's logits
+# and weights (batched over heads) and the elementwise work are recomputed.
+REMAT_SAVES = {'block': jax.checkpoint_policies.nothing_saveable,
+               'matmuls': jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
 class _Residual(nn.Module):
   """Wraps one sublayer with dropout, the residual connection and post- or pre-LN."""
   config: ModelConfig
@@ -183,9 +191,8 @@ class TransformerStack(nn.Module):
                            f'target length {target_length}; valid: aligned sequences of equal length')
         mask = causal_mask(length) if cache_index is None else self_mask
         memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
-    # With remat, a layer's activations are recomputed in the backward pass instead of stored:
-    # memory per layer falls to its inputs, for about one more forward pass of compute.
-    layer_type = nn.remat(TransformerLayer) if config.remat and not use_cache else TransformerLayer
+    layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
+        TransformerLayer, policy=REMAT_SAVES[config.remat])
     cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
                                                 cache_index=cache_index)
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared)

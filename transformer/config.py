@@ -14,6 +14,7 @@ NORMS = ('post', 'pre')
 POOLINGS = ('cls', 'mean', 'last')
 ACTIVATION_NAMES = ('relu', 'gelu')
 COMPUTE_DTYPES = ('float32', 'bfloat16')
+REMAT_POLICIES = ('none', 'block', 'matmuls')  # transformer/blocks.py: what a layer keeps for its backward pass
 
 @dataclasses.dataclass(frozen=True, init=False)
 class PositionConfig:
@@ -80,7 +81,8 @@ class ModelConfig:
   num_outputs: int = 2               # encoder-only: classes, or regression targets
   pooling: str = 'cls'               # encoder-only: a learned [CLS] token, the last valid position, or the mean
   input_features: int = 0            # encoder-only: > 0 reads B x L x F floats instead of token ids
-  remat: bool = False                # recompute each layer's activations in the backward pass (saves memory)
+  remat: str = 'none'                # recompute layer activations in the backward pass: 'block' (all of them) or
+  #                                    'matmuls' (all but the matmuls' outputs); 'none' keeps them
   compute_dtype: str = 'float32'     # activations and matmuls; parameters, softmax, norms and logits stay float32
   attention_block_size: int = 0      # > 0: causal attention over longer sequences runs this many queries
   #                                    at a time, the keys after them skipped; 0: one L x L softmax
@@ -106,6 +108,7 @@ class ModelConfig:
     require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))
     require(self.norm in NORMS, 'norm', self.norm, ', '.join(NORMS))
     require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
+    require(self.remat in REMAT_POLICIES, 'remat', self.remat, ', '.join(REMAT_POLICIES))
     require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))
     require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
     require(self.attention_implementation in IMPLEMENTATIONS, 'attention_implementation',

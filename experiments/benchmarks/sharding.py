@@ -6,7 +6,7 @@ and saves in memory per device, each row in its own process.
 
 Rows on 8 devices (on a CPU, XLA's fake host devices: --xla_force_host_platform_device_count=8) compare a
 replicated state with fsdp=8 and with fsdp=4 x tensor=2; rows on one device compare the plain step with
-model.remat and with train.gradient_accumulation=4. Reported per row: the median step (the trainer's loop:
+each model.remat policy and with train.gradient_accumulation=4. Reported per row: the median step (the trainer's loop:
 batch, place, step, read the metrics), the state's bytes on device 0 (read from the placed arrays), the
 plan's estimate of activations, and what XLA's compiled step says one device needs: its arguments
 (the state and batch) and its temporaries (activations and workspace), the numbers that bound a device's
@@ -33,7 +33,8 @@ ROWS = {  # name: (devices, overrides)
     'fsdp=8': (8, {'parallel.mode': 'mesh', 'parallel.fsdp': 8}),
     'fsdp=4 x tensor=2': (8, {'parallel.mode': 'mesh', 'parallel.fsdp': 4, 'parallel.tensor': 2}),
     'one device': (1, {}),
-    'one device, model.remat': (1, {'model.remat': True}),
+    'one device, model.remat=block': (1, {'model.remat': 'block'}),
+    'one device, model.remat=matmuls': (1, {'model.remat': 'matmuls'}),
     'one device, gradient_accumulation=4': (1, {'train.gradient_accumulation': 4}),
 }
 

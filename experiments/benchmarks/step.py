@@ -1,7 +1,7 @@
 """Training-step speed and memory of every positional variant, against the machine's own matmul peak.
 
   python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
-                                  [--steps=10] [--compute_dtype=bfloat16] [--remat] [--attention_block_size=0]
+                                  [--steps=10] [--compute_dtype=bfloat16] [--remat=block] [--attention_block_size=0]
                                   [--attention_key_block_size=512] [--attention_implementation=pallas]
                                   [--peak_flops=989e12] [--peer] [--json=benchmark.json]
 
@@ -45,7 +45,8 @@ _FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.', lower_bound=1)
 _VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.', lower_bound=1)
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
                            'Activations and matmuls (parameters stay float32); MFU is against the peak of this dtype.')
-_REMAT = flags.DEFINE_boolean('remat', False, 'Recompute layer activations in the backward pass.')
+_REMAT = flags.DEFINE_enum('remat', 'none', ['none', 'block', 'matmuls'],
+                           'Recompute layer activations in the backward pass (model.remat).')
 _BLOCK = flags.DEFINE_integer('attention_block_size', 128,
                               'Causal attention this many queries at a time beyond it, as the experiments do by '
                               'default (configs/base.py); 0: one L x L softmax.', lower_bound=0)
@@ -190,7 +191,7 @@ def _checked_flags() -> tuple[list, list]:
   if _PEER.value:
     if not _peer().peer_available():
       cli.fail(_peer().INSTALL_HINT)
-    if _REMAT.value:
+    if _REMAT.value != 'none':
       cli.fail('--peer compares the step without rematerialisation; drop --remat')
   return variants, lengths
 
@@ -222,7 +223,7 @@ def _print_table(rows: list, peer_rows: list) -> None:
   print(f'matmul peak ({_DTYPE.value}, {measured}): '
         f'{min(peaks, default=0) / 1e9:.1f}-{max(peaks, default=0) / 1e9:.1f} GFLOP/s'
         f'; attention core: {_IMPLEMENTATION.value}'
-        f'{"; layers rematerialised" if _REMAT.value else ""}'
+        f'{"; layers rematerialised (" + _REMAT.value + ")" if _REMAT.value != "none" else ""}'
         f'{f"; attention in blocks of {_BLOCK.value} queries" if _BLOCK.value else ""}'
         f'{f" and {_KEY_BLOCK.value} keys" if _BLOCK.value and _KEY_BLOCK.value else ""}')
   print(header)

@@ -38,6 +38,7 @@ RESUMABLE_FIELDS = {
                    'whose learning rate at every step depends on it)',
     'train.gradient_accumulation': 'how many microbatches one step\'s gradient is added up from (the same update, '
                                    'up to float summation order)',
+    'model.remat': 'what a layer keeps for its backward pass and what it recomputes (the same gradients)',
     'train.log_every': 'how often training metrics are written',
     'train.eval_every': 'how often the evaluation runs',
     'train.checkpoint_every': 'how often checkpoints are written',
@@ -68,6 +69,9 @@ def canonical(resolved: dict) -> dict:
   resolved = json.loads(json.dumps(resolved, sort_keys=True))
   if isinstance(resolved.get('parallel'), str):  # the mode alone, before parallel became a section
     resolved['parallel'] = {'mode': resolved['parallel']}
+  model = resolved.get('model')
+  if isinstance(model, dict) and isinstance(model.get('remat'), bool):  # before remat named its policy
+    model['remat'] = 'block' if model['remat'] else 'none'
   return resolved
 
 

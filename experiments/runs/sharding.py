@@ -95,7 +95,8 @@ def estimated_activation_bytes(experiment, mesh: dict) -> int:
   """What one device keeps for the backward pass of one microbatch, roughly: per layer the norms' inputs,
   queries, keys, values, the attention output and the residuals (9 D), the feed-forward hidden units before
   and after the activation (2 F), and the attention weights (H L, an upper bound: blockwise and fused cores
-  keep less); with model.remat, each layer's input (D) and one layer's full set; plus float32 logits and
+  keep less); with model.remat=block, each layer's input (D) and one layer's full set; with matmuls, the
+  matmuls' outputs too (4 D + F); plus float32 logits and
   their gradient (2 V). Counted in the compute dtype over b = batch / (data x fsdp x accumulation) examples
   of the training length; the tensor axis divides the heads' and units' shares."""
   model, train = experiment.model, experiment.train
@@ -106,6 +107,7 @@ def estimated_activation_bytes(experiment, mesh: dict) -> int:
   kind = experiment.task.model_kind
   layers = (model.num_encoder_layers if kind != 'decoder_only' else 0) + (
       model.num_decoder_layers if kind != 'encoder_only' else 0)
-  kept = layers * length * width + per_layer if model.remat else layers * per_layer
+  kept_by_remat = {'none': per_layer, 'block': length * width, 'matmuls': length * (5 * width + hidden)}
+  kept = layers * kept_by_remat[model.remat] + (per_layer if model.remat != 'none' else 0)
   item = 2 if model.compute_dtype == 'bfloat16' else 4
   return examples * (kept * item + 2 * length * model.vocab_size * 4)

@@ -1,0 +1,60 @@
+"""The GPT-2-shaped presets (configs/gpt2.py): their shapes, their parameters split over 8 devices, and two
+training steps of each at length 32 on the CPU. Not their speed."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+
+import transformer
+from configs import gpt2
+from experiments.runs import sharding, steps
+from experiments.runs.parallel import placement_for
+from experiments.runs.settings import from_config_dict
+from experiments.tasks import TASKS
+from tests.helpers import with_overrides
+
+SHORT = {'task.max_length': 32, 'task.eval_lengths': (32,), 'train.batch_size': 8}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('size, layer_parameters', [('small', 85_056_000), ('medium', 302_311_424)])
+def test_a_preset_has_gpt2s_shapes_and_steps_split_over_eight_devices(size, layer_parameters):
+  """The whole preset traced abstractly: its parameter count (GPT-2's formula) and its bytes per device with
+  fsdp=8. Then two training steps split over 8 devices of the preset with two of its layers: every shape and
+  every split the preset has (its layers are alike), at a CPU's cost."""
+  experiment = from_config_dict(with_overrides(gpt2.get_config(size), SHORT), jax.device_count())
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+  width, vocabulary = experiment.model.model_dim, experiment.model.vocab_size
+  # per layer: 4 w^2 + 4 w attention, 8 w^2 + 5 w feed-forward, 4 w for two norms; a final norm of 2 w
+  layers = experiment.model.num_decoder_layers
+  assert layers * (12 * width ** 2 + 13 * width) + 2 * width == layer_parameters
+  assert sum(leaf.size for leaf in jax.tree_util.tree_leaves(shapes.params)) == layer_parameters + vocabulary * width
+  _, memory = sharding.plan(experiment, model, task, shapes, jax.device_count())
+  assert memory['mesh'] == {'data': 1, 'fsdp': 8, 'tensor': 1}
+  split = sum(leaf.size * 4 for leaf in jax.tree_util.tree_leaves(shapes.params) if leaf.ndim == 2)
+  whole = sum(leaf.size * 4 for leaf in jax.tree_util.tree_leaves(shapes.params) if leaf.ndim < 2)
+  assert memory['parameters'] == split // 8 + whole
+
+  two_layers = from_config_dict(with_overrides(gpt2.get_config(size), {**SHORT, 'model.num_decoder_layers': 2}),
+                                jax.device_count())
+  model = transformer.build_model(two_layers.model, two_layers.task.model_kind)
+  host_state = jax.device_get(steps.create_train_state(two_layers, model, task))
+  specs, _ = sharding.plan(two_layers, model, task, host_state, jax.device_count())
+  placement = placement_for(two_layers.parallel, jax.devices(), state_specs=specs)
+  state = placement.put_state(host_state)
+  train_step = placement.compile_train_step(lambda state, batch, seed, axis_name=None: steps.train_step(
+      state, batch, seed, model=model, task=task, experiment=two_layers, axis_name=axis_name))
+  losses = []
+  for step in range(2):
+    batch = placement.put_batch(task.batch(two_layers.seed, step, 'train', two_layers.train.batch_size))
+    state, metrics = train_step(state, batch, np.uint32(two_layers.seed))
+    sums = placement.to_host(metrics)
+    losses.append(float(sums['loss_sum'] / sums['weight_sum']))
+  assert np.all(np.isfinite(losses)), losses
+  before = jax.tree_util.tree_leaves(host_state.params['decoder']['layer_0'])  # the warm-up's second step moves them
+  after = jax.tree_util.tree_leaves(placement.host_state(state).params['decoder']['layer_0'])
+  assert any(not np.array_equal(a, b) for a, b in zip(before, after))
+  assert state.params['decoder']['layer_0']['feed_forward']['hidden_kernel'].sharding.spec == PartitionSpec('fsdp', None)
