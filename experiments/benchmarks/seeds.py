@@ -93,7 +93,7 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
               batch_size=batch_size, length=experiment.task.max_length,
               peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, devices=jax.device_count(),
               backend=jax.default_backend(), state_bytes_on_first_device=state_bytes_on_first,
-              planned=dict(memory, mesh=None), mesh=memory['mesh'],
+              planned=memory, mesh=memory['mesh'],
               compiled_temporary_bytes=getattr(memory_analysis, 'temp_size_in_bytes', None),
               compiled_argument_bytes=getattr(memory_analysis, 'argument_size_in_bytes', None))
 

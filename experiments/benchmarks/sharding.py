@@ -2,7 +2,7 @@
 and saves in memory per device, each row in its own process.
 
   python -m experiments.benchmark sharding [--config=configs/corpus.py] [--steps=5] [--warmup=1]
-                                           [--json=sharding.json]
+                                           [--sharding_json=sharding.json]
 
 Rows on 8 devices (on a CPU, XLA's fake host devices: --xla_force_host_platform_device_count=8) compare a
 replicated state with fsdp=8 and with fsdp=4 x tensor=2; rows on one device compare the plain step with

@@ -67,8 +67,13 @@ def canonical(resolved: dict) -> dict:
   """The configuration as it reads back from JSON (tuples become lists), so equal means equal on disk; a
   record from before a field moved (RENAMED_FIELDS) reads with the field at its new place."""
   resolved = json.loads(json.dumps(resolved, sort_keys=True))
-  if isinstance(resolved.get('parallel'), str):  # the mode alone, before parallel became a section
-    resolved['parallel'] = {'mode': resolved['parallel']}
+  for old, new in RENAMED_FIELDS.items():
+    *parents, leaf = old.split('.')
+    section = resolved
+    for parent in parents:
+      section = section.get(parent, {})
+    if leaf in section and not isinstance(section[leaf], dict):  # the old leaf, not a section of that name
+      _set(resolved, new, section.pop(leaf))
   model = resolved.get('model')
   if isinstance(model, dict) and isinstance(model.get('remat'), bool):  # before remat named its policy
     model['remat'] = 'block' if model['remat'] else 'none'
