@@ -1,5 +1,5 @@
-"""The GPT-2-shaped presets (configs/gpt2.py): their shapes, their parameters split over 8 devices, and two
-training steps of each at length 32 on the CPU. Not their speed."""
+"""The GPT-2-shaped presets (configs/gpt2.py): their shapes and their parameters split over 8 devices (traced
+abstractly), and two training steps of each at length 32 on the CPU. Not their speed."""
 
 import jax
 import numpy as np
@@ -17,12 +17,10 @@ from tests.helpers import with_overrides
 SHORT = {'task.max_length': 32, 'task.eval_lengths': (32,), 'train.batch_size': 8}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('size, layer_parameters', [('small', 85_056_000), ('medium', 302_311_424)])
-def test_a_preset_has_gpt2s_shapes_and_steps_split_over_eight_devices(size, layer_parameters):
-  """The whole preset traced abstractly: its parameter count (GPT-2's formula) and its bytes per device with
-  fsdp=8. Then two training steps split over 8 devices of the preset with two of its layers: every shape and
-  every split the preset has (its layers are alike), at a CPU's cost."""
+def test_a_preset_has_gpt2s_shapes_and_an_eighth_of_its_matrices_per_device(size, layer_parameters):
+  """The whole preset traced abstractly (nothing allocated): its parameter count by GPT-2's formula and its
+  bytes per device with fsdp=8."""
   experiment = from_config_dict(with_overrides(gpt2.get_config(size), SHORT), jax.device_count())
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
@@ -38,8 +36,15 @@ def test_a_preset_has_gpt2s_shapes_and_steps_split_over_eight_devices(size, laye
   whole = sum(leaf.size * 4 for leaf in jax.tree_util.tree_leaves(shapes.params) if leaf.ndim < 2)
   assert memory['parameters'] == split // 8 + whole
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize('size', ['small', 'medium'])
+def test_a_preset_steps_split_over_eight_devices(size):
+  """Two training steps split over 8 devices of the preset with two of its layers: every shape and every split
+  the preset has (its layers are alike), at a CPU's cost."""
   two_layers = from_config_dict(with_overrides(gpt2.get_config(size), {**SHORT, 'model.num_decoder_layers': 2}),
                                 jax.device_count())
+  task = TASKS[two_layers.task.name](two_layers.task)
   model = transformer.build_model(two_layers.model, two_layers.task.model_kind)
   host_state = jax.device_get(steps.create_train_state(two_layers, model, task))
   specs, _ = sharding.plan(two_layers, model, task, host_state, jax.device_count())
