@@ -1,7 +1,7 @@
 """Compare positional encodings: one command trains every (variant, seed) and tabulates and plots.
 
   python -m experiments.compare --config=configs/algorithmic.py:copy --positions=all --seeds=3 \
-      --workdir=runs/compare-copy [--baselines=lstm] [--reference=none] [--config.train.steps=1000 ...]
+      --workdir=runs/compare-copy [--jobs=2] [--baselines=lstm] [--reference=none] [--config.train.steps=1000 ...]
 
 --baselines adds recurrent models (model.architecture lstm or rnn) as rows of the same table, trained
 on the same task, budget and seeds.
@@ -14,7 +14,9 @@ appended to the train.log of the first run it trains); a run that finished with 
 skipped, so an interrupted sweep resumes where it stopped. A variant's unfinished seeds train in one
 program (experiments/runs/replicas.py: `jax.vmap` over the seeds' replicas, each still its own run
 and workdir; consecutive seeds that resume from the same step go together); --novmap_seeds trains
-one run per process instead. SIGTERM or Ctrl-C is passed on to the
+one run per process instead. --jobs=N trains N programs at once, each in its own share of the
+machine (experiments/sweeps/local.py: an equal group of the CPU cores, and on GPUs of the devices);
+the table is the same as with one job. SIGTERM or Ctrl-C is passed on to every
 running child, which checkpoints and exits; compare then exits 0 and a rerun resumes. A child whose
 parent dies is sent SIGTERM (Linux), so none is left behind. Then every metrics.jsonl is aggregated
 into results.csv and results.md (per variant and evaluation length, the mean over seeds with its 95%
@@ -34,18 +36,21 @@ STOP.install()
 import copy
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 
 from absl import flags, logging
 
-from experiments.shared import cli, signals
-from experiments.sweeps import results, slurm
+from experiments.shared import cli
+from experiments.sweeps import local, results, slurm
 from experiments.sweeps.programs import programs
 from experiments.sweeps.variants import variants_from_flag
 from experiments.runs import run_record
+
+# The runs get the environment this command was given. This process itself only counts devices and
+# checks configurations, so on a GPU it leaves the memory to them (JAX would otherwise reserve most of it).
+CHILD_ENVIRONMENT = dict(os.environ)
+os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
 
 _CONFIG = cli.define_config_flag('Experiment config file.')
 _POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
@@ -53,8 +58,11 @@ _SEEDS = flags.DEFINE_integer('seeds', 1, 'Seeds per variant: 0 .. seeds-1.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory of the sweep.')
 _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent baselines trained beside the '
                                  'variants: lstm, rnn.')
-_LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm'], 'local: one run after another in '
-                               'subprocesses here; slurm: one sbatch job array of the unfinished runs.')
+_LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm'], 'local: the runs in subprocesses here, '
+                               '--jobs at once; slurm: one sbatch job array of the unfinished runs.')
+_JOBS = flags.DEFINE_integer('jobs', 1, 'Local programs trained at once, each in its own share of the machine: an '
+                             "equal group of the CPU cores (the child's affinity, so XLA's threads) and on GPUs of "
+                             'the devices (CUDA_VISIBLE_DEVICES).')
 _SLURM_OPTIONS = flags.DEFINE_string('slurm_options', '', 'Extra #SBATCH options for --launcher=slurm, e.g. '
                                      '"--partition=gpu --time=04:00:00 --gres=gpu:1".')
 _COLLECT = flags.DEFINE_bool('collect', False, 'Launch nothing: tabulate the runs that finished (after a SLURM '
@@ -116,55 +124,16 @@ def row_flags(row: str, seed: int, seeds: int = 1) -> list[str]:
   return [f'--config.{field}={row}', f'--config.seed={seed}'] + ([f'--seeds={seeds}'] if seeds > 1 else [])
 
 
-def run_one(command: list[str], workdirs: list[str], stop) -> dict:
-  """Trains one program (the runs in workdirs) in a subprocess. Its output is appended to the first
-  run's train.log (a file, not a pipe through this process, so a run outlives a killed compare with its
-  log intact); every other run's train.log records the command and where its output is.
-  Returns {workdir: ('ok' | 'failed' | 'stopped', the reason of a failure)}."""
-  header = f'=== {time.strftime("%Y-%m-%d %H:%M:%S")}: {" ".join(command)}\n'
-  for workdir in workdirs:
-    os.makedirs(workdir, exist_ok=True)
-  for workdir in workdirs[1:]:
-    with open(os.path.join(workdir, 'train.log'), 'a') as log:
-      log.write(header + f'(trained in one program with {", ".join(workdirs[:1])}: its output is in '
-                         f'{os.path.join(workdirs[0], "train.log")})\n')
-  log_path = os.path.join(workdirs[0], 'train.log')
-  with open(log_path, 'a') as log:
-    log.write(header)
-    log.flush()
-    log_start = log.tell()
-    environment = dict(os.environ, **{signals.PARENT_VARIABLE: str(os.getpid())})
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
-    forwarded = False
-    while process.poll() is None:
-      if stop.requested and not forwarded:
-        process.send_signal(getattr(signal, stop.requested))
-        forwarded = True
-      time.sleep(0.1)
-  with open(log_path) as log:
-    log.seek(log_start)
-    output = log.read().splitlines()
-  outcomes = {}
-  for workdir in workdirs:
-    if stop.requested:
-      outcomes[workdir] = ('stopped', '')
-    elif os.path.exists(os.path.join(workdir, run_record.SUMMARY_FILE)):  # written last, by a run that finished
-      outcomes[workdir] = ('ok', '')
-    else:
-      outcomes[workdir] = ('failed', f'exit code {process.returncode}: {results.error_line(output, workdir)}')
-  return outcomes
-
-
-def resolve(rows: list, seeds: int) -> dict:
-  """{run name: its resolved configuration}, every run validated; a bad one is a CommandError naming it."""
-  import jax  # pylint: disable=g-import-not-at-top
+def resolve(rows: list, seeds: int, device_count: int) -> dict:
+  """{run name: its resolved configuration} on `device_count` devices, every run validated; a bad one is a
+  CommandError naming it."""
   from experiments.runs import preflight, settings  # pylint: disable=g-import-not-at-top
   resolved = {}
   for row in rows:
     for seed in range(seeds):
       name = results.run_name(row, seed)
       try:
-        experiment = settings.from_config_dict(row_config(_CONFIG.value, row, seed), jax.device_count())
+        experiment = settings.from_config_dict(row_config(_CONFIG.value, row, seed), device_count)
         if seed == 0:  # the seed changes no rule the trace checks
           preflight.check(experiment)
       except settings.ConfigError as error:
@@ -185,8 +154,8 @@ def refusals(sweep: str, resolved: dict) -> list[str]:
 
 
 def _checked_sweep():
-  """The sweep's rows, each run's resolved configuration and the overrides the children get, after every refusal of the flags and of what
-  the workdir already holds (before anything is written)."""
+  """The sweep's rows, each run's resolved configuration, the overrides the children get and the machine's
+  shares, after every refusal of the flags and of what the workdir already holds (before anything is written)."""
   if _CONFIG.value is None or not _WORKDIR.value:
     cli.fail('--config and --workdir are required, e.g. --config=configs/algorithmic.py:copy --workdir=runs/copy')
   if _SEEDS.value < 1:
@@ -199,18 +168,25 @@ def _checked_sweep():
     cli.fail(str(error))
   if _REFERENCE.value is not None and _REFERENCE.value not in rows:
     cli.fail(f'--reference: got {_REFERENCE.value!r}; valid: one of the sweep\'s rows, {", ".join(rows)}')
+  if _JOBS.value != 1 and _LAUNCHER.value == 'slurm':
+    cli.fail(f'--jobs: got {_JOBS.value}; valid: 1 with --launcher=slurm (the array\'s tasks run at once already)')
   overrides = child_overrides(_CONFIG.value, sys.argv)
   try:
     settings.check_workdir(_WORKDIR.value)
   except settings.ConfigError as error:
     cli.fail(str(error))
-  resolved = resolve(rows, _SEEDS.value)
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    machine = local.machine_shares(_JOBS.value)
+  except local.JobsError as error:
+    cli.fail(str(error))
+  resolved = resolve(rows, _SEEDS.value, local.devices_per_job(machine[0], jax.device_count()))
   lines = refusals(_WORKDIR.value, resolved)
   if lines:
     for line in lines:
       print(f'error: {line}', file=sys.stderr)
     sys.exit(2)
-  return rows, resolved, overrides
+  return rows, resolved, overrides, machine
 
 
 def _run_directory(row, seed):
@@ -224,32 +200,47 @@ def _train_command(row, seeds, overrides):
           f'--workdir={workdir}', *overrides, *row_flags(row, seeds[0], len(seeds))]
 
 
-def _train_programs(planned, overrides, resolved, failures, stop, started):
-  """Runs each planned program in turn and records its runs' failures; exits on a stop request."""
-  for index, (row, group) in enumerate(planned):
-    names = [results.run_name(row, seed) for seed in group]
-    prefix = f'[program {index + 1}/{len(planned)}] {", ".join(names)}'
-    logging.info('%s: training (%.0f s into the sweep)', prefix, time.time() - started)
-    outcomes = run_one(_train_command(row, group, overrides), [_run_directory(row, seed) for seed in group], stop)
-    if stop.requested:
-      logging.warning('%s received: %s stopped at %s checkpoint; rerun the same command to resume',
-                      stop.requested, ', '.join(names), 'its' if len(names) == 1 else 'their')
-      sys.exit(0)
-    for name, seed in zip(names, group):
-      outcome, error = outcomes[_run_directory(row, seed)]
-      if outcome == 'ok' and not run_record.is_finished(_run_directory(row, seed), resolved[name]):
+def _train_programs(planned, overrides, resolved, failures, machine, stop, started):
+  """Runs the planned programs, len(machine) at once (experiments/sweeps/local.py), and records their runs'
+  failures as each ends; exits on a stop request once every running program has saved and exited."""
+  programs_ = [local.Program(tuple(_train_command(row, group, overrides)),
+                             tuple(_run_directory(row, seed) for seed in group),
+                             f'[program {index + 1}/{len(planned)}] '
+                             f'{", ".join(results.run_name(row, seed) for seed in group)}')
+               for index, (row, group) in enumerate(planned)]
+  stopped = []
+
+  def on_start(program, share):
+    logging.info('%s: training in %s (%.0f s into the sweep)', program.label, share.describe(), time.time() - started)
+
+  def on_end(program, outcomes):
+    for workdir in program.workdirs:
+      name = os.path.basename(workdir)
+      outcome, error = outcomes[workdir]
+      if outcome == 'stopped':
+        stopped.append(name)
+        continue
+      if outcome == 'ok' and not run_record.is_finished(workdir, resolved[name]):
         outcome, error = 'failed', 'the run finished, but its stored configuration is not the one requested'
       if outcome == 'ok':
         failures.pop(name, None)
+        logging.info('%s: finished (%.0f s into the sweep)', name, time.time() - started)
       else:
         failures[name] = error
         logging.warning('%s: FAILED: %s', name, error)
     results.write_failures(_WORKDIR.value, failures)
 
+  local.run_programs(programs_, machine, stop, on_start, on_end, environment=CHILD_ENVIRONMENT)
+  if stop.requested:
+    where = (f'{", ".join(stopped)} stopped at {"its checkpoint" if len(stopped) == 1 else "their checkpoints"}'
+             if stopped else 'no run was training')
+    logging.warning('%s received: %s; rerun the same command to resume', stop.requested, where)
+    sys.exit(0)
+
 
 def main(argv):
   del argv
-  rows, resolved, overrides = _checked_sweep()
+  rows, resolved, overrides, machine = _checked_sweep()
   runs = [(row, seed) for row in rows for seed in range(_SEEDS.value)]
   unfinished = [(row, seed) for row, seed in runs if not run_record.is_finished(
       _run_directory(row, seed), resolved[results.run_name(row, seed)])]
@@ -274,7 +265,7 @@ def main(argv):
         logging.info('[%d/%d] %s: finished earlier with this configuration, skipped', index + 1, len(runs),
                      results.run_name(row, seed))
         failures.pop(results.run_name(row, seed), None)
-    _train_programs(planned if not _COLLECT.value else [], overrides, resolved, failures, stop, started)
+    _train_programs(planned if not _COLLECT.value else [], overrides, resolved, failures, machine, stop, started)
     try:
       table = results.aggregate(_WORKDIR.value, rows, _SEEDS.value, expected=resolved)
     except results.ResultsError as error:

@@ -56,6 +56,11 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
     (['--config.train.stpes=3'], 'error: --config.train.stpes: unknown config field (did you mean train.steps?)'),
     (['--positions=none,none'], "error: --positions: got 'none,none'; valid: all, or a comma-separated list (each once)"),
     (['--reference=rope'], "error: --reference: got 'rope'; valid: one of the sweep's rows, none, alibi"),
+    (['--jobs=0'], 'error: --jobs: got 0; valid: a positive integer'),
+    ([f'--jobs={len(os.sched_getaffinity(0)) + 1}'], f'error: --jobs: got {len(os.sched_getaffinity(0)) + 1}; '
+     f'valid: 1 to {len(os.sched_getaffinity(0))}, the CPU cores this process may use (each job needs one)'),
+    (['--jobs=2', '--launcher=slurm'],
+     "error: --jobs: got 2; valid: 1 with --launcher=slurm (the array's tasks run at once already)"),
 ])
 def test_a_bad_sweep_is_refused_in_one_line_before_any_run_starts(tmp_path, extra, expected):
   result = subprocess.run(_compare(tmp_path / 'sweep', *extra), cwd=ROOT, env=_environment(), capture_output=True,
@@ -101,6 +106,23 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
       f"change in a run); use a new --workdir, or the run's own configuration (config.json there)"
       for name in ('none-seed0', 'alibi-seed0')]
   assert {str(p): p.stat().st_mtime_ns for p in sweep.glob('**/*') if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_two_jobs_train_side_by_side_and_give_the_table_of_one(tmp_path):
+  one = subprocess.run(_compare(tmp_path / 'one'), cwd=ROOT, env=_environment(), capture_output=True, text=True,
+                       timeout=900)
+  assert one.returncode == 0, one.stderr[-2000:]
+  two = subprocess.run(_compare(tmp_path / 'two', '--jobs=2'), cwd=ROOT, env=_environment(), capture_output=True,
+                       text=True, timeout=900)
+  assert two.returncode == 0, two.stderr[-2000:]
+  for name in ('results.md', 'results.csv'):
+    assert (tmp_path / 'two' / name).read_text() == (tmp_path / 'one' / name).read_text()
+  assert 'job 2 of 2' not in one.stderr
+  second_started = two.stderr.index('[program 2/2] alibi-seed0: training in job 2 of 2')
+  assert second_started < two.stderr.index('none-seed0: finished (')  # side by side, not one after the other
+  for run in ('none-seed0', 'alibi-seed0'):
+    assert (tmp_path / 'two' / run / 'train.log').read_text().splitlines()[0].endswith(')')
 
 
 @pytest.mark.slow
