@@ -1,4 +1,4 @@
-"""Benchmarks, one command with six subcommands (each prints a table; see BENCHMARKS.md):
+"""Benchmarks, one command with seven subcommands (each prints a table; see BENCHMARKS.md):
 
   python -m experiments.benchmark [step] [--positions=all --lengths=256,1024 --peer ...]
       the training step of every positional variant: time, tokens/s, MFU, peak memory
@@ -18,6 +18,9 @@
   python -m experiments.benchmark sharding [--config=configs/corpus.py --steps=5 ...]
       a replicated state against fsdp and tensor splits on 8 devices, and remat and gradient accumulation
       on one: step time and memory per device (experiments/benchmarks/sharding.py)
+  python -m experiments.benchmark sweep [--config=configs/algorithmic.py:copy --jobs=1,2 --repeats=2 ...]
+      one compare sweep's wall time with each --jobs value, and whether their tables are the same
+      (experiments/benchmarks/sweep.py)
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -53,13 +56,18 @@ def _sharding():
   return sharding
 
 
+def _sweep():
+  from experiments.benchmarks import sweep
+  return sweep
+
+
 def _seeds():
   from experiments.benchmarks import seeds
   return seeds
 
 
 SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds, 'corpus': _corpus,
-               'sharding': _sharding}  # each module defines its own flags
+               'sharding': _sharding, 'sweep': _sweep}  # each module defines its own flags
 
 
 def main():

@@ -230,3 +230,18 @@ def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_pat
           < rows['one device']['compiled_temporary_bytes'])
   for name, row in rows.items():
     assert f'| {name} | {row["devices"]} | ' in result.stdout
+
+
+@pytest.mark.slow
+def test_sweep_benchmark_times_each_jobs_value_and_compares_the_tables(tmp_path):
+  result = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark', 'sweep', '--config=configs/smoke.py', '--positions=none,alibi',
+       '--jobs=1,2', '--repeats=2', '--overrides=train.steps=4,train.eval_every=4', f'--workdir={tmp_path}'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=900)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = [line.split(' | ') for line in result.stdout.splitlines() if line.startswith('| ') and line[2].isdigit()]
+  assert [(row[0], row[1]) for row in rows] == [('| 1', '1'), ('| 1', '2'), ('| 2', '2'), ('| 2', '1')]
+  assert all(row[-1] == 'same |' for row in rows) and all(float(row[2]) > 0 for row in rows)
+  assert [float(row[3]) for row in rows if row[1] == '1'] == [1.0, 1.0]
+  assert sorted(path.name for path in tmp_path.iterdir()) == [
+      'repeat0-jobs1', 'repeat0-jobs2', 'repeat1-jobs1', 'repeat1-jobs2']
