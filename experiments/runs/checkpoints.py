@@ -105,12 +105,13 @@ class Checkpoints:
   def _digest_path(self, step: int) -> str:
     return os.path.join(self.digests, f'{step}.json')
 
-  def save(self, step: int, host_state, covers: Optional[dict] = None) -> None:
-    """host_state: a pytree of numpy arrays (one copy, from the placement's host_state). covers: what the
+  def save(self, step: int, state, covers: Optional[dict] = None) -> None:
+    """state: the placement's checkpoint_state: numpy arrays, or jax.Arrays split over a mesh, of which each
+    process writes the shards it holds (with their shardings in the checkpoint's metadata). covers: what the
     checkpoint covers (the metrics' coverage), already on disk; stored in its digest."""
     if step in self.manager.all_steps():
       return
-    self.manager.save(step, args=ocp.args.StandardSave(_as_tree(host_state)), force=True)
+    self.manager.save(step, args=ocp.args.StandardSave(_as_tree(state)), force=True)
     self.manager.wait_until_finished()
     if self.primary:
       os.makedirs(self.digests, exist_ok=True)
@@ -123,11 +124,12 @@ class Checkpoints:
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def restore_latest(self, template_state, still_valid: Callable[[dict], Optional[str]] = lambda covers: None
-                     ) -> tuple[Optional[int], object, Optional[dict]]:
+  def restore_latest(self, template_state, still_valid: Callable[[dict], Optional[str]] = lambda covers: None,
+                     shardings=None) -> tuple[Optional[int], object, Optional[dict]]:
     """(step, state, covers) of the newest checkpoint that restores and is intact; (None, template,
     None) when there is none. still_valid(covers) says why a checkpoint can no longer be resumed
-    (None: it can)."""
+    (None: it can). With `shardings` (a tree of the state's jax.sharding.Sharding), each device reads
+    its own part of every array from the checkpoint, whatever mesh wrote it; without, numpy arrays."""
     for step in sorted(self.manager.all_steps(), reverse=True):
       digest = read_digest(self.directory, step)
       if digest is None:
@@ -144,7 +146,8 @@ class Checkpoints:
           continue
       _ignore_closed_event_loop()
       try:
-        restored = self.manager.restore(step, args=ocp.args.StandardRestore(_as_tree(template_state)))
+        restored = self.manager.restore(step, args=ocp.args.StandardRestore(_restore_target(template_state,
+                                                                                           shardings)))
       except Exception as error:  # pylint: disable=broad-except
         self._set_aside(step, ' '.join(str(error).split())[:200] or type(error).__name__)
         continue
@@ -176,6 +179,16 @@ class Checkpoints:
 
 def _as_tree(state) -> dict:
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state}
+
+
+def _restore_target(template_state, shardings):
+  """What a restore reads into: numpy arrays like the template's, or each leaf's shape and dtype with its
+  sharding on this run's mesh."""
+  if shardings is None:
+    return _as_tree(template_state)
+  return jax.tree_util.tree_map(
+      lambda leaf, where: jax.ShapeDtypeStruct(np.shape(leaf), jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype),
+                                               sharding=where), _as_tree(template_state), _as_tree(shardings))
 
 
 def check_shapes(restored, template, step: int, directory: str) -> None:
@@ -260,9 +273,15 @@ def newest_intact_step(workdir: str) -> int:
 
 
 def restore_params(workdir: str, step: int):
-  """The parameters of the checkpoint at `step`, as jax arrays."""
-  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')))
-  params = manager.restore(step, args=ocp.args.StandardRestore())['params']
+  """The parameters of the checkpoint at `step`, as jax arrays on this process's first device, whatever mesh
+  wrote them (the checkpoint's own metadata gives each array's shape and dtype)."""
+  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, 'checkpoints')),
+                                  item_handlers=ocp.StandardCheckpointHandler())
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree_util.tree_map(lambda array: jax.ShapeDtypeStruct(array.shape, array.dtype, sharding=device),
+                                  manager.item_metadata(step))
+  params = manager.restore(step, args=ocp.args.StandardRestore(target))['params']
+  manager.close()
   return jax.tree_util.tree_map(jnp.asarray, params)
 
 

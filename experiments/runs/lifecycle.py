@@ -23,7 +23,7 @@ from experiments.runs.run_record import SUMMARY_FILE
 from experiments.runs.settings import Experiment, to_dict
 from experiments.shared.files import append_line_durably, write_json_atomically
 
-PLACEMENTS_FILE = 'placements.jsonl'  # a line per start of training: its step, devices, mesh and bytes per device
+PLACEMENTS_FILE = 'placements.jsonl'  # a line per start of training: its step, devices, CPU cores, mesh, bytes per device
 
 
 class NonFiniteLoss(RuntimeError):
@@ -81,7 +81,7 @@ class Runs:
   locks every workdir and opens its run record (refusing one that holds another configuration before
   anything is written); leaving closes metrics files and checkpoints.
 
-  After resume(): start_step, host_states (each run's restored state), all_finished; then the loop's
+  After resume(): start_step, states (each run's restored state), all_finished; then the loop's
   begin, record_step, save and finish."""
 
   def __init__(self, experiments: list[Experiment], workdirs: list[str], stop):
@@ -122,9 +122,10 @@ class Runs:
     for checkpoints in self.checkpoints:
       checkpoints.close()
 
-  def resume(self, initial_state: Callable[[Experiment], object]) -> None:
+  def resume(self, initial_state: Callable[[Experiment], object], shardings=None) -> None:
     """Each run's state at the newest step every run saved (initial_state(experiment), or train.init_from's
-    parameters, where none saved one); records the configuration's changes; opens the metrics files."""
+    parameters, where none saved one), read straight into `shardings` when given (Checkpoints.restore_latest);
+    records the configuration's changes; opens the metrics files."""
     templates = []
     for experiment, workdir in zip(self.experiments, self.workdirs):
       checkpoints = Checkpoints(workdir, experiment.train.keep_checkpoints, self.primary)
@@ -136,9 +137,9 @@ class Runs:
         logging.info('%s: starting from the parameters of %s', workdir, experiment.train.init_from)
       templates.append(host_state)
       self.stop.check()
-    restored = self._restore_together(templates)
+    restored = self._restore_together(templates, shardings)
     self.start_step = restored[0][0] or 0
-    self.host_states = [state for _, state, _ in restored]
+    self.states = [state for _, state, _ in restored]
     if self.primary:
       for workdir, changes in zip(self.workdirs, self.changes):
         run_record.record_changes(workdir, changes, self.start_step)
@@ -181,14 +182,15 @@ class Runs:
     self._started = self._window_start = time.time()
     self._window_tokens = [0.0] * len(self.workdirs)
 
-  def _restore_together(self, templates) -> list:
+  def _restore_together(self, templates, shardings=None) -> list:
     """Each run's (step, state, covers) from the newest step that every run saved and can restore: a
     program killed while saving leaves some runs' newest step on disk and not others', and the newer ones
     are set aside (moved, never deleted) to resume from the step they share. Runs that share no saved
     step (one trained further alone) are refused: ReplicasOutOfStep."""
     while True:
       restored = [checkpoints.restore_latest(
-          template, still_valid=functools.partial(metrics_file.missing_records, workdir) if self.primary else None)
+          template, still_valid=functools.partial(metrics_file.missing_records, workdir) if self.primary else None,
+          shardings=shardings)
                   for checkpoints, template, workdir in zip(self.checkpoints, templates, self.workdirs)]
       steps_found = [step or 0 for step, _, _ in restored]
       shared = min(steps_found)
@@ -249,11 +251,11 @@ class Runs:
       logging.error('%s; the other seeds train on', message)
     self.diverged.append(message)
 
-  def save(self, step: int, host_states: list) -> None:
+  def save(self, step: int, states: list) -> None:
     """A checkpoint of every active run at step, with the metrics lines it covers."""
     for i, checkpoints in enumerate(self.checkpoints):
       if self.active[i]:
-        checkpoints.save(step, host_states[i], covers=self.writers[i].sync())
+        checkpoints.save(step, states[i], covers=self.writers[i].sync())
 
   def finish(self, step: int, last_evaluation: list[dict]) -> None:
     """At the last step, each active run's summary.json, the marker of a finished run, written last;

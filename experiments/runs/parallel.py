@@ -73,8 +73,18 @@ class _Placement:
     raise NotImplementedError
 
   def host_state(self, state):
-    """One copy on the host (numpy), for checkpoints."""
+    """One copy on the host (numpy)."""
     raise NotImplementedError
+
+  def checkpoint_state(self, state):
+    """What a checkpoint writes of a placed state: one copy on the host (numpy) unless a subclass can do better."""
+    return self.host_state(state)
+
+  def checkpoint_shardings(self, abstract_state):
+    """Where a restored checkpoint's arrays go, a sharding per leaf of one run's state (None: numpy, then
+    put_state)."""
+    del abstract_state
+    return None
 
   def to_host(self, metrics: dict) -> dict:
     """Metrics are identical on every device (already reduced): read one copy."""
@@ -141,25 +151,39 @@ class MeshPlacement(_Placement):
     self.rules = sharding.ACTIVATION_RULES
 
   def _state_shardings(self, state):
-    """NamedShardings of the state's leaves (a replica axis first, whole, when there is one)."""
+    """NamedShardings of the state's leaves (a replica axis first, whole, when there is one), in the state's own
+    tree (the specs may come from a state built apart, whose optimizer objects are equal but not the same)."""
     if self.state_specs is None:
       return jax.tree_util.tree_map(lambda _: self.replicated, state)
-    return jax.tree_util.tree_map(
-        lambda spec: NamedSharding(self.mesh, PartitionSpec(*([None] * self.batch_axis), *spec)), self.state_specs,
-        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    specs = jax.tree_util.tree_leaves(self.state_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    structure = jax.tree_util.tree_structure(state)
+    assert len(specs) == structure.num_leaves, (len(specs), structure.num_leaves)
+    return jax.tree_util.tree_unflatten(structure, [
+        NamedSharding(self.mesh, PartitionSpec(*([None] * self.batch_axis), *spec)) for spec in specs])
 
   def put_batch(self, global_batch: dict) -> dict:
     return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
             for k, v in global_batch.items()}
 
   def put_state(self, host_state):
+    """Numpy leaves are split by their shardings; jax.Arrays already placed so (a checkpoint read into
+    checkpoint_shardings) stay where they are."""
     self.state_shardings = self._state_shardings(host_state)
     return jax.tree_util.tree_map(
-        lambda x, where: jax.make_array_from_callback(np.shape(x), where, lambda index: np.asarray(x)[index]),
+        lambda x, where: x if isinstance(x, jax.Array) and x.sharding == where else
+        jax.make_array_from_callback(np.shape(x), where, lambda index: np.asarray(x)[index]),
         host_state, self.state_shardings)
 
   def host_state(self, state):
     return jax.tree_util.tree_map(_whole, state)
+
+  def checkpoint_state(self, state):
+    """The state as placed: each process writes its own shards (nothing gathered). Seeds in one program
+    (a replica axis first) are split per run on the host."""
+    return state if self.batch_axis == 0 else self.host_state(state)
+
+  def checkpoint_shardings(self, abstract_state):
+    return self._state_shardings(abstract_state) if self.batch_axis == 0 else None
 
   def compile_train_step(self, step_fn: Callable) -> Callable:
     return _InMesh(jax.jit(functools.partial(step_fn, axis_name=None),

@@ -4,6 +4,7 @@ moments; a SIGTERM/SIGINT saves a checkpoint and returns, a non-finite loss stop
 
 import dataclasses
 import functools
+import os
 import sys
 from typing import Callable, Optional
 
@@ -76,14 +77,17 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
                  jax.default_backend(), experiment.parallel, replicas.seeds)
     task = TASKS[experiment.task.name](experiment.task)
     model = transformer.build_model(experiment.model, experiment.task.model_kind)
-    runs.resume(lambda run_experiment: steps.create_train_state(run_experiment, model, task))
+    shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+    specs, memory = sharding.plan(experiment, model, task, shapes, len(devices or jax.devices()))
+    placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis, state_specs=specs)
+    runs.resume(lambda run_experiment: steps.create_train_state(run_experiment, model, task),
+                shardings=placement.checkpoint_shardings(shapes))
     if runs.all_finished:
       return runs.results()
-    specs, memory = sharding.plan(experiment, model, task, runs.host_states[0], len(devices or jax.devices()))
     log_memory(memory, replicas.count)
     runs.record_placement(dict(memory, devices=len(devices or jax.devices()), processes=jax.process_count(),
-                               backend=jax.default_backend(), mode=experiment.parallel.mode))
-    placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis, state_specs=specs)
+                               backend=jax.default_backend(), mode=experiment.parallel.mode,
+                               cpu_cores=len(os.sched_getaffinity(0))))
     return runs.results(_train(experiment, runs, task, model, placement, replicas, wrap_train_step, stop))
 
 
@@ -97,7 +101,7 @@ def log_memory(memory: dict, replicas: int = 1) -> None:
 
 def _train(experiment, runs: Runs, task, model, placement, replicas, wrap_train_step, stop) -> list[dict]:
   """The step loop, from runs.start_step to train.steps; each run's last evaluation."""
-  state = placement.put_state(replicas.join(runs.host_states))
+  state = placement.put_state(replicas.join(runs.states))
   train_step = placement.compile_train_step(wrap_train_step(replicas.train_step(functools.partial(
       steps.train_step, model=model, task=task, experiment=experiment))))
   eval_step = placement.compile_eval_step(replicas.eval_step(functools.partial(steps.eval_step, model=model,
@@ -128,9 +132,9 @@ def _train(experiment, runs: Runs, task, model, placement, replicas, wrap_train_
         last_evaluation = evaluate_now(step)
       if stop.requested:
         logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.requested, step)
-        runs.save(step, replicas.split(placement.host_state(state)))
+        runs.save(step, replicas.split(placement.checkpoint_state(state)))
         break
       if due(train.checkpoint_every):
-        runs.save(step, replicas.split(placement.host_state(state)))
+        runs.save(step, replicas.split(placement.checkpoint_state(state)))
   runs.finish(step, last_evaluation)
   return last_evaluation
