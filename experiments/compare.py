@@ -15,8 +15,9 @@ skipped, so an interrupted sweep resumes where it stopped. A variant's unfinishe
 program (experiments/runs/replicas.py: `jax.vmap` over the seeds' replicas, each still its own run
 and workdir; consecutive seeds that resume from the same step go together); --novmap_seeds trains
 one run per process instead. --jobs=N trains N programs at once, each in its own share of the
-machine (experiments/sweeps/local.py: an equal group of the CPU cores, and on GPUs of the devices);
-the table is the same as with one job. SIGTERM or Ctrl-C is passed on to every
+machine (experiments/sweeps/local.py): on a CPU --cores_per_run cores (default 1), on GPUs
+--gpus_per_run devices (default 1). A run's size is its own setting, so the table is the same
+whatever --jobs is. SIGTERM or Ctrl-C is passed on to every
 running child, which checkpoints and exits; compare then exits 0 and a rerun resumes. A child whose
 parent dies is sent SIGTERM (Linux), so none is left behind. Then every metrics.jsonl is aggregated
 into results.csv and results.md (per variant and evaluation length, the mean over seeds with its 95%
@@ -60,9 +61,12 @@ _BASELINES = flags.DEFINE_string('baselines', '', 'Comma-separated recurrent bas
                                  'variants: lstm, rnn.')
 _LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm'], 'local: the runs in subprocesses here, '
                                '--jobs at once; slurm: one sbatch job array of the unfinished runs.')
-_JOBS = flags.DEFINE_integer('jobs', 1, 'Local programs trained at once, each in its own share of the machine: an '
-                             "equal group of the CPU cores (the child's affinity, so XLA's threads) and on GPUs of "
-                             'the devices (CUDA_VISIBLE_DEVICES).')
+_JOBS = flags.DEFINE_integer('jobs', 1, 'Local programs trained at once, each in its own share of the machine '
+                             '(--cores_per_run, --gpus_per_run).')
+_CORES_PER_RUN = flags.DEFINE_integer('cores_per_run', 1, "On a CPU, the cores each program may use (the child's "
+                                      "affinity, so XLA's threads); a run's sums depend on it, not on --jobs.")
+_GPUS_PER_RUN = flags.DEFINE_integer('gpus_per_run', 1, 'On GPUs, the devices each program sees '
+                                     '(CUDA_VISIBLE_DEVICES).')
 _SLURM_OPTIONS = flags.DEFINE_string('slurm_options', '', 'Extra #SBATCH options for --launcher=slurm, e.g. '
                                      '"--partition=gpu --time=04:00:00 --gres=gpu:1".')
 _COLLECT = flags.DEFINE_bool('collect', False, 'Launch nothing: tabulate the runs that finished (after a SLURM '
@@ -177,7 +181,7 @@ def _checked_sweep():
     cli.fail(str(error))
   import jax  # pylint: disable=g-import-not-at-top
   try:
-    machine = local.machine_shares(_JOBS.value)
+    machine = local.machine_shares(_JOBS.value, _CORES_PER_RUN.value, _GPUS_PER_RUN.value)
   except local.JobsError as error:
     cli.fail(str(error))
   resolved = resolve(rows, _SEEDS.value, local.devices_per_job(machine[0], jax.device_count()))
@@ -259,6 +263,11 @@ def main(argv):
   os.makedirs(_WORKDIR.value, exist_ok=True)
   failures = results.read_failures(_WORKDIR.value)
   started = time.time()
+  if planned and not _COLLECT.value:
+    in_use = sorted(core for share in machine for core in share.cores)
+    logging.info('%d program%s, %d at once: %s', len(planned), '' if len(planned) == 1 else 's', len(machine),
+                 '; '.join(share.describe() for share in machine) +
+                 (f' ({len(in_use)} of the {len(os.sched_getaffinity(0))} cores this process may use)'))
   with STOP.deferred() as stop:
     for index, (row, seed) in enumerate(runs if not _COLLECT.value else []):
       if (row, seed) not in unfinished:

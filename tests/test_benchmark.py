@@ -230,18 +230,39 @@ def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_pat
           < rows['one device']['compiled_temporary_bytes'])
   for name, row in rows.items():
     assert f'| {name} | {row["devices"]} | ' in result.stdout
+    tokens = row['batch_size'] * row['length']
+    assert row['tokens_per_s'] == pytest.approx(tokens / (row['step_ms'] / 1e3), rel=1e-6)
+    assert row['device_peak_bytes'] is None and row['model_flops_per_step'] > 6 * row['parameters'] * tokens
+  assert result.stdout.count('| not asked | n/a (CPU: peak RSS) |') == 7
+
+  chosen = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark', 'sharding', '--config=configs/smoke.py', '--steps=2',
+       '--warmup=0', '--model=model.feed_forward_dim=128', '--rows=one device', '--peak_flops=1e9'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
+      timeout=600)
+  assert chosen.returncode == 0, chosen.stderr[-2000:]
+  table = [line for line in chosen.stdout.splitlines() if line.startswith('| one device')]
+  assert len(table) == 1 and table[0].split(' | ')[-2].endswith('%')
+  unknown = subprocess.run(
+      [sys.executable, '-m', 'experiments.benchmark', 'sharding', '--rows=two devices'], cwd=ROOT,
+      env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+  assert unknown.returncode == 2 and unknown.stderr.startswith("error: --rows: got 'two devices'; valid: 'replicated")
 
 
 @pytest.mark.slow
 def test_sweep_benchmark_times_each_jobs_value_and_compares_the_tables(tmp_path):
   result = subprocess.run(
       [sys.executable, '-m', 'experiments.benchmark', 'sweep', '--config=configs/smoke.py', '--positions=none,alibi',
-       '--jobs=1,2', '--repeats=2', '--overrides=train.steps=4,train.eval_every=4', f'--workdir={tmp_path}'],
+       '--jobs=2,1', '--repeats=1', '--overrides=train.steps=4,train.eval_every=4', f'--workdir={tmp_path}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, result.stderr[-2000:]
   rows = [line.split(' | ') for line in result.stdout.splitlines() if line.startswith('| ') and line[2].isdigit()]
-  assert [(row[0], row[1]) for row in rows] == [('| 1', '1'), ('| 1', '2'), ('| 2', '2'), ('| 2', '1')]
-  assert all(row[-1] == 'same |' for row in rows) and all(float(row[2]) > 0 for row in rows)
-  assert [float(row[3]) for row in rows if row[1] == '1'] == [1.0, 1.0]
-  assert sorted(path.name for path in tmp_path.iterdir()) == [
-      'repeat0-jobs1', 'repeat0-jobs2', 'repeat1-jobs1', 'repeat1-jobs2']
+  assert [(row[0], row[1], row[2]) for row in rows] == [('| 1', '2', '1'), ('| 1', '1', '1')]
+  assert all(row[-1] == 'same |' for row in rows) and all(float(row[3]) > 0 for row in rows)
+  assert float(rows[0][4]) == 1.0
+  assert float(rows[1][4]) == pytest.approx(float(rows[1][3]) / float(rows[0][3]), abs=0.01)
+  assert sorted(path.name for path in tmp_path.iterdir()) == ['repeat0-jobs1x1', 'repeat0-jobs2x1']
+  refused = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'sweep', '--jobs=1,1x0'], cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 2 and refused.stderr.strip() == (
+      'error: --jobs: got 1,1x0; valid: comma-separated J or JxC, positive integers, e.g. 1,2,1x2')

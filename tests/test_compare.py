@@ -57,8 +57,10 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
     (['--positions=none,none'], "error: --positions: got 'none,none'; valid: all, or a comma-separated list (each once)"),
     (['--reference=rope'], "error: --reference: got 'rope'; valid: one of the sweep's rows, none, alibi"),
     (['--jobs=0'], 'error: --jobs: got 0; valid: a positive integer'),
-    ([f'--jobs={len(os.sched_getaffinity(0)) + 1}'], f'error: --jobs: got {len(os.sched_getaffinity(0)) + 1}; '
-     f'valid: 1 to {len(os.sched_getaffinity(0))}, the CPU cores this process may use (each job needs one)'),
+    (['--jobs=1', f'--cores_per_run={len(os.sched_getaffinity(0)) + 1}'],
+     f'error: --jobs: got 1 with --cores_per_run={len(os.sched_getaffinity(0)) + 1}, '
+     f'{len(os.sched_getaffinity(0)) + 1} cores; valid: --jobs x --cores_per_run at most '
+     f'{len(os.sched_getaffinity(0))}, the CPU cores this process may use'),
     (['--jobs=2', '--launcher=slurm'],
      "error: --jobs: got 2; valid: 1 with --launcher=slurm (the array's tasks run at once already)"),
 ])

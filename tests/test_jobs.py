@@ -112,34 +112,45 @@ def test_a_failed_program_names_its_error_and_the_next_one_takes_its_share(tmp_p
   assert ended[str(tmp_path / 'run0')] == ('ok', '')
 
 
-def test_shares_split_cores_and_gpus_evenly():
+def test_shares_give_each_run_its_own_cores_or_gpus_whatever_the_number_of_jobs():
   assert [s.cores for s in local.shares(2, [0, 1])] == [(0,), (1,)]
-  assert [s.cores for s in local.shares(3, [7, 0, 1, 2, 3, 4, 5, 6])] == [(0, 1), (2, 3, 4), (5, 6, 7)]
-  assert [s.cores for s in local.shares(1, [3, 1])] == [(1, 3)]
+  assert [s.cores for s in local.shares(1, [1, 0])] == [(0,)]  # one core per run by default, not the machine
+  assert [s.cores for s in local.shares(3, [7, 0, 1, 2, 3, 4, 5, 6], cores_per_run=2)] == [(0, 1), (2, 3), (4, 5)]
+  assert [s.cores for s in local.shares(1, [3, 1], cores_per_run=2)] == [(1, 3)]
   eight = [str(i) for i in range(8)]
-  assert [s.gpus for s in local.shares(4, range(16), eight, 'gpu')] == [
-      ('0', '1'), ('2', '3'), ('4', '5'), ('6', '7')]
+  gpus = local.shares(4, range(16), eight, 'gpu', gpus_per_run=2)
+  assert [s.gpus for s in gpus] == [('0', '1'), ('2', '3'), ('4', '5'), ('6', '7')]
+  assert [s.cores for s in gpus] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]
   assert [s.gpus for s in local.shares(2, range(4), ['5', '7'], 'gpu')] == [('5',), ('7',)]
-  assert local.devices_per_job(local.shares(4, range(16), eight, 'gpu')[0], 8) == 2
+  assert [s.gpus for s in local.shares(1, range(4), eight, 'gpu')] == [('0',)]
+  assert local.devices_per_job(gpus[0], 8) == 2
   assert local.devices_per_job(local.shares(2, [0, 1])[1], 8) == 8  # host devices are not split
   assert local.shares(2, [0, 1])[1].describe() == 'job 2 of 2: cores 1'
+  assert gpus[3].describe() == 'job 4 of 4: cores 12,13,14,15; GPUs 6,7'
 
 
-@pytest.mark.parametrize('jobs,cores,gpus,platform,expected', [
-    (0, [0, 1], None, 'cpu', '--jobs: got 0; valid: a positive integer'),
-    (3, [0, 1], None, 'cpu', '--jobs: got 3; valid: 1 to 2, the CPU cores this process may use (each job needs one)'),
-    (3, range(16), [str(i) for i in range(8)], 'gpu',
-     '--jobs: got 3; valid: a divisor of the 8 GPUs (1, 2, 4, 8), so that every job has as many devices'),
-    (2, range(8), None, 'tpu', '--jobs: got 2; valid: 1 on tpu (jobs split CPU cores or GPUs only)'),
+@pytest.mark.parametrize('jobs,cores,gpus,platform,per_run,expected', [
+    (0, [0, 1], None, 'cpu', {}, '--jobs: got 0; valid: a positive integer'),
+    (1, [0, 1], None, 'cpu', {'cores_per_run': 0}, '--cores_per_run: got 0; valid: a positive integer'),
+    (3, [0, 1], None, 'cpu', {}, '--jobs: got 3 with --cores_per_run=1, 3 cores; valid: --jobs x --cores_per_run '
+     'at most 2, the CPU cores this process may use'),
+    (2, [0, 1], None, 'cpu', {'cores_per_run': 2}, '--jobs: got 2 with --cores_per_run=2, 4 cores; valid: --jobs x '
+     '--cores_per_run at most 2, the CPU cores this process may use'),
+    (3, range(16), [str(i) for i in range(8)], 'gpu', {'gpus_per_run': 3},
+     '--jobs: got 3 with --gpus_per_run=3, 9 GPUs; valid: --jobs x --gpus_per_run at most 8, the GPUs here'),
+    (4, range(2), [str(i) for i in range(8)], 'gpu', {},
+     '--jobs: got 4; valid: at most 2, the CPU cores this process may use (each job needs one)'),
+    (2, range(8), None, 'tpu', {}, '--jobs: got 2; valid: 1 on tpu (jobs split CPU cores or GPUs only)'),
 ])
-def test_a_split_the_machine_cannot_make_is_refused_naming_what_would_do(jobs, cores, gpus, platform, expected):
+def test_a_split_the_machine_cannot_make_is_refused_naming_what_would_do(jobs, cores, gpus, platform, per_run,
+                                                                        expected):
   with pytest.raises(local.JobsError) as error:
-    local.shares(jobs, cores, gpus, platform)
+    local.shares(jobs, cores, gpus, platform, **per_run)
   assert str(error.value) == expected
 
 
 def test_this_machine_splits_into_its_own_cores():
   cores = os.sched_getaffinity(0)
-  machine = local.machine_shares(len(cores))
+  machine = local.machine_shares(len(cores))  # one core each
   assert sorted(core for share in machine for core in share.cores) == sorted(cores)
   assert all(len(share.cores) == 1 and share.gpus is None for share in machine)

@@ -12,7 +12,10 @@
 # 3. the training step at d_model 1024, 16 heads, 12 layers, batch 8, bfloat16, lengths 1024 and 4096,
 #    for none, RoPE, ALiBi, T5 and KERPLE, with the default core (auto: cuDNN where the variant adds no
 #    term) beside x-transformers with and without its flash attention, then with the Pallas kernel;
-#    MFU against PEAK_FLOPS (default 989e12, an H100/H200's bfloat16 dense peak).
+#    MFU against PEAK_FLOPS (default 989e12, an H100/H200's bfloat16 dense peak);
+# 4. the GPT-2 small preset's training step (configs/gpt2.py:small on the shipped corpus, whose 4,096 tokens
+#    make it 88.2M parameters; batch 32 x 1024, bfloat16) as the trainer runs it, plain and with each
+#    model.remat policy: tokens/s, MFU, device memory at its peak and what XLA's compiled step needs.
 # Tables on the terminal and in OUTPUT_DIRECTORY (*.txt, and the step rows as *.json).
 set -euo pipefail
 OUTPUT=${1:-gpu-check}
@@ -31,3 +34,6 @@ python -m experiments.benchmark step $GPU_SIZED --attention_implementation=auto 
 # shellcheck disable=SC2086
 python -m experiments.benchmark step $GPU_SIZED --attention_implementation=pallas \
     --json="$OUTPUT/step-pallas.json" 2>&1 | tee "$OUTPUT/step-pallas.txt"
+python -m experiments.benchmark sharding --config=configs/gpt2.py:small --model= --steps=5 --warmup=2 \
+    --rows='one device' --rows='one device, model.remat=block' --rows='one device, model.remat=matmuls' \
+    --peak_flops="$PEAK" --sharding_json="$OUTPUT/gpt2-small.json" 2>&1 | tee "$OUTPUT/gpt2-small.txt"

@@ -21,6 +21,7 @@ import time
 
 from absl import flags
 
+from experiments.benchmarks.flops import model_flops_per_step
 from experiments.shared import cli
 
 _CONFIGS = flags.DEFINE_string('configs', 'configs/algorithmic.py:copy,configs/shakespeare.py',
@@ -87,7 +88,14 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
     state = one_step(state, step)
     times.append(time.perf_counter() - started)
   parameters = sum(x.size for x in jax.tree_util.tree_leaves(host_states[0].params))
-  return dict(config=config_argument, seeds=count, compile_s=compile_seconds, step_ms=1e3 * statistics.median(times),
+  stats = first.memory_stats() if first.platform != 'cpu' else None
+  tokens = count * batch_size * experiment.task.max_length
+  flops = (model_flops_per_step(parameters, experiment.model.num_decoder_layers, experiment.model.model_dim,
+                                experiment.task.max_length, count * batch_size)
+           if experiment.task.model_kind == 'decoder_only' else None)
+  return dict(tokens_per_s=tokens / statistics.median(times), model_flops_per_step=flops,
+              device_peak_bytes=stats['peak_bytes_in_use'] if stats else None, device_kind=first.device_kind,
+              config=config_argument, seeds=count, compile_s=compile_seconds, step_ms=1e3 * statistics.median(times),
               step_min_ms=1e3 * min(times), step_max_ms=1e3 * max(times), parameters=parameters,
               batch_ms=1e3 * statistics.median(batch_times), batch_share=sum(batch_times) / sum(times),
               batch_size=batch_size, length=experiment.task.max_length,

@@ -1,14 +1,15 @@
 """The local launcher of a sweep: its programs run as subprocesses here, up to N at once, the machine
 split between them (`experiments.compare --jobs=N`).
 
-Each of the N jobs owns a share of the machine for as long as the sweep runs: an equal group of the
-CPU cores this process may use and, on GPUs, an equal group of the devices. A program is started
-in a free share and keeps it until it exits:
+Each of the N jobs owns a share of the machine for as long as the sweep runs, and a program is
+started in a free share and keeps it until it exits:
 
-- cores: the child's CPU affinity. XLA sizes its CPU thread pools by the cores a process may run
-  on, so a job's intra-op threads are its share's cores, and N jobs do not oversubscribe the CPU.
-- GPUs: the child's CUDA_VISIBLE_DEVICES, so a job sees only its own devices (and the run's
-  record counts those devices).
+- on a CPU, `cores_per_run` cores (default 1), given as the child's CPU affinity. XLA sizes its
+  thread pools by the cores a process may run on, and on XLA:CPU a run's sums depend on how many
+  threads computed them (its losses differ after a few steps between one core and two), so a run's
+  size is its own setting, never derived from N: the table is the same whatever --jobs is.
+- on GPUs, `gpus_per_run` devices (default 1), given as the child's CUDA_VISIBLE_DEVICES, and an
+  equal part of the cores.
 
 A program's output is appended to its first run's train.log (a file, not a pipe through this
 process, so a run outlives a killed sweep with its log intact), after a header naming the command
@@ -52,32 +53,38 @@ class Program:
   label: str
 
 
-def _divisors(count: int) -> list[int]:
-  return [d for d in range(1, count + 1) if count % d == 0]
-
-
-def shares(jobs: int, cores: Sequence[int], gpus: Optional[Sequence[str]] = None,
-           platform: str = 'cpu') -> list[Share]:
-  """The machine split into `jobs` equal shares: consecutive groups of `cores` (sizes differing by at
-  most one) and, when `gpus` is given, equal groups of them."""
+def shares(jobs: int, cores: Sequence[int], gpus: Optional[Sequence[str]] = None, platform: str = 'cpu',
+           cores_per_run: int = 1, gpus_per_run: int = 1) -> list[Share]:
+  """The machine split into `jobs` shares. On a CPU each share is `cores_per_run` consecutive cores: a
+  run's size does not depend on how many run beside it. On GPUs each share is `gpus_per_run` GPUs and
+  an equal part of the cores (sizes differing by at most one)."""
+  cores = sorted(cores)
   if jobs < 1:
     raise JobsError(f'--jobs: got {jobs}; valid: a positive integer')
-  if jobs > 1 and platform not in ('cpu', 'gpu'):
-    raise JobsError(f'--jobs: got {jobs}; valid: 1 on {platform} (jobs split CPU cores or GPUs only)')
-  cores = sorted(cores)
-  if jobs > len(cores):
-    raise JobsError(f'--jobs: got {jobs}; valid: 1 to {len(cores)}, the CPU cores this process may use '
-                    '(each job needs one)')
-  if gpus is not None and len(gpus) % jobs:
-    raise JobsError(f'--jobs: got {jobs}; valid: a divisor of the {len(gpus)} GPUs '
-                    f'({", ".join(map(str, _divisors(len(gpus))))}), so that every job has as many devices')
-  per_job = len(gpus) // jobs if gpus is not None else 0
-  return [Share(index, jobs, tuple(cores[index * len(cores) // jobs:(index + 1) * len(cores) // jobs]),
-                tuple(gpus[index * per_job:(index + 1) * per_job]) if gpus is not None else None)
+  for name, value in (('cores_per_run', cores_per_run), ('gpus_per_run', gpus_per_run)):
+    if value < 1:
+      raise JobsError(f'--{name}: got {value}; valid: a positive integer')
+  if platform == 'gpu' and gpus is not None:
+    if jobs * gpus_per_run > len(gpus):
+      raise JobsError(f'--jobs: got {jobs} with --gpus_per_run={gpus_per_run}, {jobs * gpus_per_run} GPUs; valid: '
+                      f'--jobs x --gpus_per_run at most {len(gpus)}, the GPUs here')
+    if jobs > len(cores):
+      raise JobsError(f'--jobs: got {jobs}; valid: at most {len(cores)}, the CPU cores this process may use (each '
+                      'job needs one)')
+    return [Share(index, jobs, tuple(cores[index * len(cores) // jobs:(index + 1) * len(cores) // jobs]),
+                  tuple(gpus[index * gpus_per_run:(index + 1) * gpus_per_run])) for index in range(jobs)]
+  if platform != 'cpu':
+    if jobs > 1:
+      raise JobsError(f'--jobs: got {jobs}; valid: 1 on {platform} (jobs split CPU cores or GPUs only)')
+    return [Share(0, 1, tuple(cores))]
+  if jobs * cores_per_run > len(cores):
+    raise JobsError(f'--jobs: got {jobs} with --cores_per_run={cores_per_run}, {jobs * cores_per_run} cores; valid: '
+                    f'--jobs x --cores_per_run at most {len(cores)}, the CPU cores this process may use')
+  return [Share(index, jobs, tuple(cores[index * cores_per_run:(index + 1) * cores_per_run]))
           for index in range(jobs)]
 
 
-def machine_shares(jobs: int) -> list[Share]:
+def machine_shares(jobs: int, cores_per_run: int = 1, gpus_per_run: int = 1) -> list[Share]:
   """`shares` of this machine: the cores of this process's affinity, and JAX's local GPUs when its
   backend is a GPU (numbered as CUDA_VISIBLE_DEVICES lists them, or 0..n-1)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -86,7 +93,7 @@ def machine_shares(jobs: int) -> list[Share]:
   if platform == 'gpu':
     visible = os.environ.get('CUDA_VISIBLE_DEVICES', '').strip()
     gpus = [g.strip() for g in visible.split(',')] if visible else [str(i) for i in range(jax.local_device_count())]
-  return shares(jobs, os.sched_getaffinity(0), gpus, platform)
+  return shares(jobs, os.sched_getaffinity(0), gpus, platform, cores_per_run, gpus_per_run)
 
 
 def devices_per_job(share: Share, device_count: int) -> int:
