@@ -1,0 +1,131 @@
+"""experiments/runs/probes.py: the passkey prompt's construction, its scoring against a model that copies
+the key and one that cannot, and the Wilson interval."""
+
+import numpy as np
+import pytest
+
+from configs import corpus as corpus_config
+from experiments.runs import probes
+from experiments.tasks import TASKS
+from experiments.tasks.base import TaskSettings
+
+
+def _task(name: str):
+  return TASKS[name](TaskSettings(name=name, model_kind='decoder_only', vocab_size=0, min_length=1, max_length=64,
+                                  eval_lengths=(64,), eval_batches=1,
+                                  path=corpus_config.SHIPPED if name == 'corpus' else ''))
+
+
+def _codec_and_stream(name: str):
+  task = _task(name)
+  return probes.codec_for(task), task.stream('eval')
+
+
+def _find(ids: list, part: list, last: bool = False) -> int:
+  found = [i for i in range(len(ids) - len(part) + 1) if ids[i:i + len(part)] == part]
+  return found[-1] if last else found[0]
+
+
+def _copier(codec):
+  """A model that copies: it finds "The pass key is" in its input and, for the k-th token after the
+  question, writes the k-th token that follows it there."""
+  marker, question = list(codec.encode('The pass key is')), list(codec.encode(probes.QUESTION))
+
+  def next_logits(ids_BxT):
+    logits = np.zeros((len(ids_BxT), 100_000), np.float32)
+    for row, ids in enumerate(ids_BxT.tolist()):
+      written = len(ids) - (_find(ids, question, last=True) + len(question))
+      logits[row, ids[_find(ids, marker) + len(marker) + written]] = 1.0
+    return logits
+
+  return next_logits
+
+
+@pytest.mark.parametrize('name', ['shakespeare', 'corpus'])
+@pytest.mark.parametrize('length', [128, 257])
+def test_the_prompt_has_the_asked_length_and_the_needle_at_the_asked_depth(name, length):
+  codec, stream = _codec_and_stream(name)
+  key = probes.passkey_key(0, 3)
+  needle = list(codec.encode(probes.NEEDLE.format(key=key)))
+  question = list(codec.encode(probes.QUESTION))
+  room = length - 1 - len(needle) - len(question)
+  starts = []
+  for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
+    filler = probes.filler_for(codec, stream, probes.filler_room(codec, length, key), 0, 3, classic=False)
+    prompt = probes.passkey_prompt(codec, filler, length, depth, key)
+    ids = prompt.ids.tolist()
+    assert len(ids) == length and ids[0] == codec.bos
+    assert prompt.needle_start == 1 + round(depth * room)
+    assert ids[prompt.needle_start:prompt.needle_start + len(needle)] == needle
+    assert ids[-len(question):] == question
+    without = ids[1:prompt.needle_start] + ids[prompt.needle_start + len(needle):-len(question)]
+    assert without == filler.tolist()  # the filler, whole and in order, around the needle
+    assert key in codec.decode(ids)
+    starts.append(prompt.needle_start)
+  assert starts[0] == 1 and starts[-1] + len(needle) == length - len(question)
+  assert starts == sorted(starts)
+
+
+def test_the_filler_is_held_out_text_or_the_classic_sentences():
+  codec, stream = _codec_and_stream('shakespeare')
+  drawn = probes.filler_for(codec, stream, 50, 0, 1, classic=False)
+  start = next(i for i in range(len(stream) - 50) if np.array_equal(stream[i:i + 50], drawn))
+  assert np.array_equal(probes.filler_for(codec, stream, 50, 0, 1, classic=False), drawn)  # a function of the trial
+  assert not np.array_equal(probes.filler_for(codec, stream, 50, 0, 2, classic=False), stream[start:start + 50])
+  classic = codec.decode(probes.filler_for(codec, stream, 200, 0, 1, classic=True).tolist())
+  assert classic.startswith(probes.CLASSIC_FILLER + probes.CLASSIC_FILLER[:10])
+
+
+@pytest.mark.parametrize('name', ['shakespeare', 'corpus'])
+def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(name):
+  codec, stream = _codec_and_stream(name)
+  copier = _copier(codec)
+  for depth in (0.0, 0.5, 1.0):
+    cell = probes.passkey_cell(codec, copier, stream, 128, depth, trials=8, seed=0, batch_size=8)
+    assert cell['correct'] == 8 and cell['rate'] == 1.0, cell['answers']
+    assert cell['answers'] == [probes.passkey_key(0, trial) for trial in range(8)]
+    assert cell['low'] == pytest.approx(8 / (8 + 1.959964 ** 2), rel=1e-5) and cell['high'] == pytest.approx(1.0)
+  zero = list(codec.encode('0'))[0]
+  if name == 'shakespeare':  # one character per digit: a copy with its last digit wrong is wrong
+    def almost(ids_BxT):
+      logits = copier(ids_BxT)
+      question = list(codec.encode(probes.QUESTION))
+      for row, ids in enumerate(ids_BxT.tolist()):
+        if len(ids) - (_find(ids, question, last=True) + len(question)) == probes.KEY_DIGITS:  # after ' ' + 4 digits
+          last = codec.decode([int(np.argmax(logits[row]))])
+          logits[row] = 0.0
+          logits[row, list(codec.encode(str((int(last) + 1) % 10)))[0]] = 1.0
+      return logits
+
+    cell = probes.passkey_cell(codec, almost, stream, 128, 0.5, trials=8, seed=0)
+    assert cell['correct'] == 0 and all(answer[:4] == probes.passkey_key(0, trial)[:4]
+                                        for trial, answer in enumerate(cell['answers']))
+
+  def constant(ids_BxT):
+    logits = np.zeros((len(ids_BxT), 100_000), np.float32)
+    logits[:, zero] = 1.0
+    return logits
+
+  cell = probes.passkey_cell(codec, constant, stream, 128, 0.5, trials=8, seed=0)
+  assert cell['correct'] == 0 and cell['rate'] == 0.0 and set(cell['answers']) == {'0' * (len(cell['answers'][0]))}
+  assert cell['low'] == 0.0 and cell['high'] == pytest.approx(1.959964 ** 2 / (8 + 1.959964 ** 2), rel=1e-5)
+
+
+def test_the_wilson_interval_is_the_textbook_one():
+  z = 1.959963984540054
+  for correct, trials in ((5, 10), (1, 20), (19, 20)):
+    p = correct / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * np.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    assert probes.wilson_interval(correct, trials) == pytest.approx((centre - half, centre + half), rel=1e-9)
+
+
+def test_a_probe_that_cannot_be_built_is_refused_in_one_line():
+  codec, stream = _codec_and_stream('shakespeare')
+  with pytest.raises(probes.ProbeError, match=r'^--lengths: got 40; valid: at least 97 tokens, the first token, '
+                                              r'the needle and the question$'):
+    probes.filler_room(codec, 40, '12345')
+  with pytest.raises(probes.ProbeError, match=r'^--depths: got 1.5; valid: numbers in \[0, 1\]'):
+    probes.passkey_prompt(codec, stream[:200], 200, 1.5, '12345')
+  with pytest.raises(probes.ProbeError, match="lacks"):
+    codec.encode('π')
