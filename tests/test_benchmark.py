@@ -260,7 +260,7 @@ def test_sweep_benchmark_times_each_jobs_value_and_compares_the_tables(tmp_path)
   assert [(row[0], row[1], row[2]) for row in rows] == [('| 1', '2', '1'), ('| 1', '1', '1')]
   assert all(row[-1] == 'same |' for row in rows) and all(float(row[3]) > 0 for row in rows)
   assert float(rows[0][4]) == 1.0
-  assert float(rows[1][4]) == pytest.approx(float(rows[1][3]) / float(rows[0][3]), abs=0.01)
+  assert float(rows[1][4]) == pytest.approx(float(rows[1][3]) / float(rows[0][3]), rel=0.05)  # from 0.1 s roundings
   assert sorted(path.name for path in tmp_path.iterdir()) == ['repeat0-jobs1x1', 'repeat0-jobs2x1']
   refused = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'sweep', '--jobs=1,1x0'], cwd=ROOT,
                            env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
