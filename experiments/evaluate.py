@@ -14,6 +14,13 @@ skipped, with a line saying so. --factor is s for pi, ntk, yarn and llama3 (the 
 original one; required for them), while dynamic_ntk computes its own. --position sets other variants'
 analogues (interpolation_factor of sinusoidal and learned tables, the NoPE temperature of Llama 4) on
 every run.
+
+  python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=128,256,512,1024 \
+      --depths=0,0.25,0.5,0.75,1 --trials=20 [--probe_filler=classic] [--extension=yarn --factor=8]
+
+probes retrieval instead (experiments/runs/probes.py): the passkey's exact-match rate in every cell of
+length x depth with its 95% Wilson interval, written to RUN/evaluations/passkey-METHOD-FILLER-TRIALS/
+(evaluation.json, results.json, heatmap.png) and printed as a table.
 """
 
 import csv
@@ -24,7 +31,7 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, long_context, run_record, windows
+from experiments.runs import checkpoints, long_context, probes, run_record, windows
 from experiments.shared import cli
 from experiments.shared.files import save_figure_atomically, write_text_atomically
 from experiments.sweeps.results import line_style
@@ -48,6 +55,12 @@ _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ 
 _COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these comma-separated evaluation '
                                'directories (RUN/evaluations/NAME) together, at --lengths, into --output.')
 _OUTPUT = flags.DEFINE_string('output', None, 'A directory for the table and plots over every run and method.')
+_PROBE = flags.DEFINE_enum('probe', 'none', ['none', 'passkey'], 'passkey: the passkey retrieval grid of '
+                           '--lengths x --depths instead of perplexity (experiments/runs/probes.py).')
+_DEPTHS = flags.DEFINE_string('depths', '0,0.25,0.5,0.75,1', '--probe: comma-separated needle depths in [0, 1].')
+_TRIALS = flags.DEFINE_integer('trials', 20, '--probe: prompts per (length, depth) cell.')
+_PROBE_FILLER = flags.DEFINE_enum('probe_filler', 'heldout', list(probes.FILLERS), '--probe: heldout (the run\'s '
+                                  'held-out text) or classic (the repeated sentences of Mohtashami & Jaggi).')
 
 STATIC = ('pi', 'ntk', 'yarn', 'llama3')
 
@@ -217,6 +230,46 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
   return prepared
 
 
+def _depths(text: str) -> tuple:
+  try:
+    depths = tuple(sorted({float(part) for part in text.split(',') if part.strip()}))
+  except ValueError:
+    depths = ()
+  if not depths or not all(0.0 <= depth <= 1.0 for depth in depths):
+    raise ValueError(f'--depths: got {text!r}; valid: comma-separated numbers in [0, 1], e.g. 0,0.25,0.5,0.75,1')
+  return depths
+
+
+def _passkey(workdirs: list[str], lengths: list[int], requests) -> None:
+  """--probe=passkey: every (run, method) checked first, then probed; a table of rates by depth and length."""
+  request = probes.PasskeyRequest(lengths=tuple(lengths), depths=_depths(_DEPTHS.value), trials=_TRIALS.value,
+                                  filler=_PROBE_FILLER.value, batch_size=_BATCH_SIZE.value)
+  planned = []
+  for workdir in workdirs:
+    config, _ = checkpoints.run_model(workdir)
+    rotary = issubclass(transformer.VARIANTS[config.position.kind].settings, ExtensionSettings)
+    for extension in requests:
+      if extension.method != 'none' and not rotary:
+        print(f'{workdir}: {config.position.kind} is not rotary; --extension={extension.method} skipped for it')
+        continue
+      probes.run_passkey(workdir, request, extension, _NAME.value, check_only=True)
+      planned.append((workdir, extension))
+  if not planned:
+    raise ValueError(f'--extension: got {_EXTENSION.value!r}, which applies to none of the runs; valid: none, or runs '
+                     'of a rotary variant')
+  for workdir, extension in planned:
+    directory, cells = probes.run_passkey(workdir, request, extension, _NAME.value,
+                                          log=lambda line: print(line, flush=True))
+    print(f'\n{workdir} {extension.method}: passkey exact-match rate (95% Wilson interval), {request.trials} '
+          f'trials per cell; {directory}')
+    print('| depth | ' + ' | '.join(str(length) for length in lengths) + ' |')
+    print('|---' * (len(lengths) + 1) + '|')
+    for depth in request.depths:
+      row = {cell['length']: cell for cell in cells if cell['depth'] == depth}
+      print(f'| {depth:g} | ' + ' | '.join(f'{row[n]["rate"]:.2f} ({row[n]["low"]:.2f}-{row[n]["high"]:.2f})'
+                                           for n in lengths) + ' |')
+
+
 def main(argv):
   del argv
   try:
@@ -239,6 +292,9 @@ def main(argv):
     if first is None:
       raise FileNotFoundError(f'--workdir: {workdirs[0]} has no config.json; valid: a training run directory')
     lengths = _lengths(_LENGTHS.value, 2) if _LENGTHS.value else sorted(first['task']['eval_lengths'])
+    if _PROBE.value == 'passkey':
+      _passkey(workdirs, lengths, requests)
+      return
     protocol = _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value)
     rows = []
     for evaluation in _prepare(workdirs, lengths, requests):
@@ -246,7 +302,7 @@ def main(argv):
       row = (_label(evaluation.workdir, evaluation.request.method, evaluation.request.position_overrides), results)
       _write_outputs(directory, [row], lengths, evaluation.description['trained_length'], protocol)  # this run's view
       rows.append(row)
-  except (OSError, KeyError, ValueError, FloatingPointError, cli.CommandError) as error:
+  except (OSError, KeyError, ValueError, FloatingPointError, cli.CommandError) as error:  # ProbeError too
     cli.fail(str(error))
   if not rows:
     cli.fail(f'--extension: got {_EXTENSION.value!r}, which applies to none of the runs; valid: none, or runs of a '

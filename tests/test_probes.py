@@ -1,6 +1,10 @@
 """experiments/runs/probes.py: the passkey prompt's construction, its scoring against a model that copies
 the key and one that cannot, and the Wilson interval."""
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -129,3 +133,42 @@ def test_a_probe_that_cannot_be_built_is_refused_in_one_line():
     probes.passkey_prompt(codec, stream[:200], 200, 1.5, '12345')
   with pytest.raises(probes.ProbeError, match="lacks"):
     codec.encode('π')
+
+
+@pytest.mark.slow
+def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_place(tmp_path):
+  from experiments.runs import trainer  # pylint: disable=g-import-not-at-top
+  from tests.helpers import smoke_experiment, subprocess_environment  # pylint: disable=g-import-not-at-top
+  from tests.test_long_context import TINY_SHAKESPEARE  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'rope'
+  trainer.run(smoke_experiment(**TINY_SHAKESPEARE), str(workdir))
+
+  def evaluate(*extra):
+    return subprocess.run([sys.executable, '-m', 'experiments.evaluate', f'--workdir={workdir}', '--probe=passkey',
+                           '--lengths=100,128', '--depths=0,1', *extra], env=subprocess_environment(1),
+                          capture_output=True, text=True, timeout=600)
+
+  first = evaluate('--trials=3')
+  assert first.returncode == 0, first.stderr[-2000:]
+  directory = workdir / 'evaluations' / 'passkey-none-heldout-3'
+  cells = json.loads((directory / 'results.json').read_text())['cells']
+  assert [(cell['length'], cell['depth']) for cell in cells] == [(100, 0.0), (100, 1.0), (128, 0.0), (128, 1.0)]
+  for cell in cells:
+    assert cell['trials'] == 3 and len(cell['answers']) == 3 and cell['correct'] == round(3 * cell['rate'])
+    assert 0.0 <= cell['low'] <= cell['rate'] <= cell['high'] <= 1.0
+  assert (directory / 'heatmap.png').stat().st_size > 1000
+  assert '| depth | 100 | 128 |' in first.stdout
+  description = json.loads((directory / 'evaluation.json').read_text())
+  assert description['probe'] == 'passkey' and description['trials'] == 3 and description['lengths'] == [100, 128]
+  written = (directory / 'results.json').stat().st_mtime_ns
+
+  again = evaluate('--trials=3')
+  assert again.returncode == 0 and (directory / 'results.json').stat().st_mtime_ns == written
+  other = evaluate('--trials=4', '--name=passkey-none-heldout-3')
+  assert other.returncode == 2 and other.stderr.startswith(f'error: {directory}: records another evaluation (trials: 3 '
+                                                           'there, 4 now)')
+  for extra, expected in ((['--depths=0,2'], "error: --depths: got '0,2'; valid: comma-separated numbers in [0, 1]"),
+                          (['--lengths=64'], 'error: --lengths: got 64; valid: at least 97 tokens')):
+    refused = evaluate('--trials=3', *extra)
+    assert refused.returncode == 2 and refused.stderr.startswith(expected), refused.stderr
+  assert sorted(path.name for path in (workdir / 'evaluations').iterdir()) == ['passkey-none-heldout-3']

@@ -155,3 +155,145 @@ def passkey_cell(codec: Codec, next_logits, stream: np.ndarray, length: int, dep
   low, high = wilson_interval(correct, trials)
   return dict(length=length, depth=depth, trials=trials, correct=correct, rate=correct / trials, low=low,
               high=high, answers=answers)
+
+
+@dataclasses.dataclass(frozen=True)
+class PasskeyRequest:
+  lengths: tuple          # prompt lengths in tokens
+  depths: tuple           # needle depths in [0, 1]
+  trials: int             # prompts per cell
+  filler: str = 'heldout'  # 'heldout' (the run's held-out text) or 'classic'
+  seed: int = 0           # keys and filler are drawn from (seed, trial)
+  batch_size: int = 8     # prompts decoded at once (changes no number)
+
+
+FILLERS = ('heldout', 'classic')
+
+
+def default_name(extension, request: PasskeyRequest) -> str:
+  factor = '' if extension.method in ('none', 'dynamic_ntk') else f'-x{extension.factor:g}'
+  return f'passkey-{extension.method}{factor}-{request.filler}-{request.trials}'
+
+
+def _next_logits_function(model, params, length: int, extra: int):
+  """next_logits(ids_BxT) for T in [length, length + extra): the rows are padded to length + extra (a causal
+  model's logits at T - 1 do not see the padding), so each length compiles once."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  @jax.jit
+  def logits_at(params, ids_BxL, index):
+    logits = model.apply({'params': params}, ids_BxL, valid_BxL=jnp.ones(ids_BxL.shape, bool))
+    return logits[:, index].astype(jnp.float32)
+
+  def next_logits(ids_BxT):
+    padded = np.zeros((ids_BxT.shape[0], length + extra), np.int32)
+    padded[:, :ids_BxT.shape[1]] = ids_BxT
+    return np.asarray(logits_at(params, padded, ids_BxT.shape[1] - 1))
+
+  return next_logits
+
+
+def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log=print,
+                check_only: bool = False) -> tuple[str, list]:
+  """The passkey grid of one run under one extension (experiments/runs/long_context.Request's method and
+  factor): RUN/evaluations/NAME/ gets evaluation.json (what was probed), results.json (every cell) and
+  heatmap.png. A directory that records another probe is refused; one that records this one and has its
+  results is read, not recomputed. Returns (the directory, the cells); with check_only, every check and
+  (the directory, []) without writing anything."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  import os
+  import transformer
+  from experiments.runs import checkpoints, long_context, run_record
+  from experiments.shared.files import write_json_atomically
+  if request.filler not in FILLERS:
+    raise ProbeError(f'--probe_filler: got {request.filler!r}; valid: {", ".join(FILLERS)}')
+  if request.trials < 1:
+    raise ProbeError(f'--trials: got {request.trials}; valid: a positive integer')
+  for depth in request.depths:
+    if not 0.0 <= depth <= 1.0:
+      raise ProbeError(f'--depths: got {depth}; valid: numbers in [0, 1] (0: right after the first token)')
+  resolved = run_record.stored_config(workdir)
+  if resolved is None:
+    raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
+  config, task = checkpoints.run_model(workdir)
+  codec = codec_for(task)
+  config, original = long_context.extended_config(config, resolved, extension)
+  for length in request.lengths:
+    filler_room(codec, length, passkey_key(request.seed, 0))
+  longest = max(request.lengths) + KEY_DIGITS + 1 + ANSWER_SLACK * 4
+  try:
+    config.position.settings.check_positions(longest)
+  except ValueError as error:
+    raise ValueError(f'--lengths: {max(request.lengths)} for this {config.position.kind} run: {error}') from None
+  rows = config.position.settings.longest_sequence()
+  if rows is not None and longest > rows:
+    raise ValueError(f'--lengths: {max(request.lengths)} and its answer exceed the {rows} positions the '
+                     f'{config.position.kind} table has; valid: lengths up to {rows - (longest - max(request.lengths))}')
+  step = checkpoints.newest_intact_step(workdir)
+  description = dict(run=os.path.abspath(workdir), probe='passkey', checkpoint_step=int(step),
+                     variant=config.position.kind, position=config.position.fields(), original_length=original,
+                     trained_length=int(resolved['task']['max_length']), method=extension.method,
+                     factor=extension.factor, **{k: v for k, v in dataclasses.asdict(request).items()
+                                                 if k != 'batch_size'})
+  description = json.loads(json.dumps(description))  # tuples as the lists they read back as
+  directory = os.path.join(workdir, long_context.EVALUATIONS, name or default_name(extension, request))
+  spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.json')
+  if os.path.exists(spec_path):
+    with open(spec_path) as file:
+      recorded = json.load(file)
+    differing = sorted(key for key in set(recorded) | set(description) if recorded.get(key) != description.get(key))
+    if differing:
+      found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
+      raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
+    if os.path.exists(results_path) and not check_only:
+      with open(results_path) as file:
+        return directory, json.load(file)['cells']
+  if check_only:
+    return directory, []
+  os.makedirs(directory, exist_ok=True)
+  write_json_atomically(spec_path, description)
+  params = checkpoints.restore_params(workdir, step)
+  model = transformer.build_model(config, 'decoder_only')
+  stream = task.stream('eval')
+  cells = []
+  for length in request.lengths:
+    next_logits = _next_logits_function(model, params, length, len(codec.encode(' ' + '9' * KEY_DIGITS)) +
+                                        ANSWER_SLACK)
+    for depth in request.depths:
+      cells.append(passkey_cell(codec, next_logits, stream, length, depth, request.trials, request.seed,
+                                classic=request.filler == 'classic', batch_size=request.batch_size))
+      cell = cells[-1]
+      log(f'{workdir} {extension.method}: passkey at length {length}, depth {depth:g}: {cell["correct"]}/'
+          f'{cell["trials"]} ({cell["low"]:.2f}-{cell["high"]:.2f})')
+  write_json_atomically(results_path, dict(cells=cells))
+  draw_heatmap(os.path.join(directory, 'heatmap.png'), cells, f'{os.path.basename(os.path.abspath(workdir))} '
+               f'{extension.method}: passkey retrieval')
+  return directory, cells
+
+
+def draw_heatmap(path: str, cells: list, title: str) -> None:
+  """The rate of each (depth, length) cell, with its count, as a PNG."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from experiments.shared.files import save_figure_atomically  # pylint: disable=g-import-not-at-top
+  lengths = sorted({cell['length'] for cell in cells})
+  depths = sorted({cell['depth'] for cell in cells})
+  rate_DxL = np.full((len(depths), len(lengths)), np.nan)
+  figure, axes = plt.subplots(figsize=(1.2 * len(lengths) + 2, 0.6 * len(depths) + 1.5))
+  for cell in cells:
+    row, column = depths.index(cell['depth']), lengths.index(cell['length'])
+    rate_DxL[row, column] = cell['rate']
+    axes.text(column, row, f'{cell["correct"]}/{cell["trials"]}', ha='center', va='center', fontsize=8)
+  image = axes.imshow(rate_DxL, vmin=0.0, vmax=1.0, cmap='RdYlGn', aspect='auto')
+  axes.set_xticks(range(len(lengths)), [str(length) for length in lengths])
+  axes.set_yticks(range(len(depths)), [f'{depth:g}' for depth in depths])
+  axes.set_xlabel('prompt length (tokens)')
+  axes.set_ylabel('needle depth')
+  axes.set_title(title, fontsize=9)
+  figure.colorbar(image, ax=axes, label='exact-match rate')
+  figure.tight_layout()
+  save_figure_atomically(figure, path, dpi=100)
+  plt.close(figure)
