@@ -35,9 +35,9 @@ def _copier(codec):
   question, writes the k-th token that follows it there."""
   marker, question = list(codec.encode('The pass key is')), list(codec.encode(probes.QUESTION))
 
-  def next_logits(ids_BxT):
-    logits = np.zeros((len(ids_BxT), 100_000), np.float32)
-    for row, ids in enumerate(ids_BxT.tolist()):
+  def next_logits(ids_BxL):
+    logits = np.zeros((len(ids_BxL), 100_000), np.float32)
+    for row, ids in enumerate(ids_BxL.tolist()):
       written = len(ids) - (_find(ids, question, last=True) + len(question))
       logits[row, ids[_find(ids, marker) + len(marker) + written]] = 1.0
     return logits
@@ -91,10 +91,10 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
     assert cell['low'] == pytest.approx(8 / (8 + 1.959964 ** 2), rel=1e-5) and cell['high'] == pytest.approx(1.0)
   zero = list(codec.encode('0'))[0]
   if name == 'shakespeare':  # one character per digit: a copy with its last digit wrong is wrong
-    def almost(ids_BxT):
-      logits = copier(ids_BxT)
+    def almost(ids_BxL):
+      logits = copier(ids_BxL)
       question = list(codec.encode(probes.QUESTION))
-      for row, ids in enumerate(ids_BxT.tolist()):
+      for row, ids in enumerate(ids_BxL.tolist()):
         if len(ids) - (_find(ids, question, last=True) + len(question)) == probes.KEY_DIGITS:  # after ' ' + 4 digits
           last = codec.decode([int(np.argmax(logits[row]))])
           logits[row] = 0.0
@@ -105,8 +105,8 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
     assert cell['correct'] == 0 and all(answer[:4] == probes.passkey_key(0, trial)[:4]
                                         for trial, answer in enumerate(cell['answers']))
 
-  def constant(ids_BxT):
-    logits = np.zeros((len(ids_BxT), 100_000), np.float32)
+  def constant(ids_BxL):
+    logits = np.zeros((len(ids_BxL), 100_000), np.float32)
     logits[:, zero] = 1.0
     return logits
 

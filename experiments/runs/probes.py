@@ -120,7 +120,7 @@ def answered_key(text: str) -> str:
 
 def greedy_continuations(next_logits: Callable[[np.ndarray], np.ndarray], prompts_BxL: np.ndarray,
                          tokens: int) -> np.ndarray:
-  """B x tokens greedy continuations; next_logits(ids_BxT) gives the logits of the token after each row."""
+  """B x tokens greedy continuations; next_logits(ids_BxL) gives the logits of the token after each row."""
   ids = np.asarray(prompts_BxL)
   written = []
   for _ in range(tokens):
@@ -176,8 +176,8 @@ def default_name(extension, request: PasskeyRequest) -> str:
 
 
 def _next_logits_function(model, params, length: int, extra: int):
-  """next_logits(ids_BxT) for T in [length, length + extra): the rows are padded to length + extra (a causal
-  model's logits at T - 1 do not see the padding), so each length compiles once."""
+  """next_logits(ids_BxL) for L in [length, length + extra): the rows are padded to length + extra (a causal
+  model's logits at L - 1 do not see the padding), so each length compiles once."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
@@ -186,10 +186,10 @@ def _next_logits_function(model, params, length: int, extra: int):
     logits = model.apply({'params': params}, ids_BxL, valid_BxL=jnp.ones(ids_BxL.shape, bool))
     return logits[:, index].astype(jnp.float32)
 
-  def next_logits(ids_BxT):
-    padded = np.zeros((ids_BxT.shape[0], length + extra), np.int32)
-    padded[:, :ids_BxT.shape[1]] = ids_BxT
-    return np.asarray(logits_at(params, padded, ids_BxT.shape[1] - 1))
+  def next_logits(ids_BxL):
+    padded = np.zeros((ids_BxL.shape[0], length + extra), np.int32)
+    padded[:, :ids_BxL.shape[1]] = ids_BxL
+    return np.asarray(logits_at(params, padded, ids_BxL.shape[1] - 1))
 
   return next_logits
 
