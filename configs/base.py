@@ -31,6 +31,7 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.task.patch_length = 1         # forecast: values per input token (patches, as PatchTST); lengths are multiples
   config.task.path = ''                # corpus: a folder that experiments.prepare_corpus wrote
   config.task.packing = 'stream'       # corpus: 'stream' (windows across documents)
+  config.task.passkey_fraction = 0.0   # shakespeare, corpus: the share of training rows that are passkey prompts
 
   config.model = ml_collections.ConfigDict()
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'

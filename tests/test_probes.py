@@ -1,5 +1,6 @@
-"""experiments/runs/probes.py: the passkey prompt's construction, its scoring against a model that copies
-the key and one that cannot, and the Wilson interval."""
+"""The passkey: its prompts (experiments/tasks/passkey.py), their scoring against a model that copies the key
+and one that cannot, the Wilson interval, the probe command (experiments/runs/probes.py), and the rows
+task.passkey_fraction mixes into training."""
 
 import json
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 
 from configs import corpus as corpus_config
 from experiments.runs import probes
+from experiments.tasks import passkey
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
 
@@ -22,7 +24,7 @@ def _task(name: str):
 
 def _codec_and_stream(name: str):
   task = _task(name)
-  return probes.codec_for(task), task.stream('eval')
+  return passkey.codec_for(task), task.stream('eval')
 
 
 def _find(ids: list, part: list, last: bool = False) -> int:
@@ -33,7 +35,7 @@ def _find(ids: list, part: list, last: bool = False) -> int:
 def _copier(codec):
   """A model that copies: it finds "The pass key is" in its input and, for the k-th token after the
   question, writes the k-th token that follows it there."""
-  marker, question = list(codec.encode('The pass key is')), list(codec.encode(probes.QUESTION))
+  marker, question = list(codec.encode('The pass key is')), list(codec.encode(passkey.QUESTION))
 
   def next_logits(ids_BxL):
     logits = np.zeros((len(ids_BxL), 100_000), np.float32)
@@ -49,14 +51,14 @@ def _copier(codec):
 @pytest.mark.parametrize('length', [128, 257])
 def test_the_prompt_has_the_asked_length_and_the_needle_at_the_asked_depth(name, length):
   codec, stream = _codec_and_stream(name)
-  key = probes.passkey_key(0, 3)
-  needle = list(codec.encode(probes.NEEDLE.format(key=key)))
-  question = list(codec.encode(probes.QUESTION))
+  key = passkey.passkey_key(0, 3)
+  needle = list(codec.encode(passkey.NEEDLE.format(key=key)))
+  question = list(codec.encode(passkey.QUESTION))
   room = length - 1 - len(needle) - len(question)
   starts = []
   for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
-    filler = probes.filler_for(codec, stream, probes.filler_room(codec, length, key), 0, 3, classic=False)
-    prompt = probes.passkey_prompt(codec, filler, length, depth, key)
+    filler = passkey.filler_for(codec, stream, passkey.filler_room(codec, length, key), 0, 3, classic=False)
+    prompt = passkey.passkey_prompt(codec, filler, length, depth, key)
     ids = prompt.ids.tolist()
     assert len(ids) == length and ids[0] == codec.bos
     assert prompt.needle_start == 1 + round(depth * room)
@@ -72,12 +74,12 @@ def test_the_prompt_has_the_asked_length_and_the_needle_at_the_asked_depth(name,
 
 def test_the_filler_is_held_out_text_or_the_classic_sentences():
   codec, stream = _codec_and_stream('shakespeare')
-  drawn = probes.filler_for(codec, stream, 50, 0, 1, classic=False)
+  drawn = passkey.filler_for(codec, stream, 50, 0, 1, classic=False)
   start = next(i for i in range(len(stream) - 50) if np.array_equal(stream[i:i + 50], drawn))
-  assert np.array_equal(probes.filler_for(codec, stream, 50, 0, 1, classic=False), drawn)  # a function of the trial
-  assert not np.array_equal(probes.filler_for(codec, stream, 50, 0, 2, classic=False), stream[start:start + 50])
-  classic = codec.decode(probes.filler_for(codec, stream, 200, 0, 1, classic=True).tolist())
-  assert classic.startswith(probes.CLASSIC_FILLER + probes.CLASSIC_FILLER[:10])
+  assert np.array_equal(passkey.filler_for(codec, stream, 50, 0, 1, classic=False), drawn)  # a function of the trial
+  assert not np.array_equal(passkey.filler_for(codec, stream, 50, 0, 2, classic=False), stream[start:start + 50])
+  classic = codec.decode(passkey.filler_for(codec, stream, 200, 0, 1, classic=True).tolist())
+  assert classic.startswith(passkey.CLASSIC_FILLER + passkey.CLASSIC_FILLER[:10])
 
 
 @pytest.mark.parametrize('name', ['shakespeare', 'corpus'])
@@ -87,22 +89,22 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
   for depth in (0.0, 0.5, 1.0):
     cell = probes.passkey_cell(codec, copier, stream, 128, depth, trials=8, seed=0, batch_size=8)
     assert cell['correct'] == 8 and cell['rate'] == 1.0, cell['answers']
-    assert cell['answers'] == [probes.passkey_key(0, trial) for trial in range(8)]
+    assert cell['answers'] == [passkey.passkey_key(0, trial) for trial in range(8)]
     assert cell['low'] == pytest.approx(8 / (8 + 1.959964 ** 2), rel=1e-5) and cell['high'] == pytest.approx(1.0)
   zero = list(codec.encode('0'))[0]
   if name == 'shakespeare':  # one character per digit: a copy with its last digit wrong is wrong
     def almost(ids_BxL):
       logits = copier(ids_BxL)
-      question = list(codec.encode(probes.QUESTION))
+      question = list(codec.encode(passkey.QUESTION))
       for row, ids in enumerate(ids_BxL.tolist()):
-        if len(ids) - (_find(ids, question, last=True) + len(question)) == probes.KEY_DIGITS:  # after ' ' + 4 digits
+        if len(ids) - (_find(ids, question, last=True) + len(question)) == passkey.KEY_DIGITS:  # after ' ' + 4 digits
           last = codec.decode([int(np.argmax(logits[row]))])
           logits[row] = 0.0
           logits[row, list(codec.encode(str((int(last) + 1) % 10)))[0]] = 1.0
       return logits
 
     cell = probes.passkey_cell(codec, almost, stream, 128, 0.5, trials=8, seed=0)
-    assert cell['correct'] == 0 and all(answer[:4] == probes.passkey_key(0, trial)[:4]
+    assert cell['correct'] == 0 and all(answer[:4] == passkey.passkey_key(0, trial)[:4]
                                         for trial, answer in enumerate(cell['answers']))
 
   def constant(ids_BxL):
@@ -126,12 +128,12 @@ def test_the_wilson_interval_is_the_textbook_one():
 
 def test_a_probe_that_cannot_be_built_is_refused_in_one_line():
   codec, stream = _codec_and_stream('shakespeare')
-  with pytest.raises(probes.ProbeError, match=r'^--lengths: got 40; valid: at least 97 tokens, the first token, '
+  with pytest.raises(passkey.ProbeError, match=r'^--lengths: got 40; valid: at least 97 tokens, the first token, '
                                               r'the needle and the question$'):
-    probes.filler_room(codec, 40, '12345')
-  with pytest.raises(probes.ProbeError, match=r'^--depths: got 1.5; valid: numbers in \[0, 1\]'):
-    probes.passkey_prompt(codec, stream[:200], 200, 1.5, '12345')
-  with pytest.raises(probes.ProbeError, match="lacks"):
+    passkey.filler_room(codec, 40, '12345')
+  with pytest.raises(passkey.ProbeError, match=r'^--depths: got 1.5; valid: numbers in \[0, 1\]'):
+    passkey.passkey_prompt(codec, stream[:200], 200, 1.5, '12345')
+  with pytest.raises(passkey.ProbeError, match="lacks"):
     codec.encode('π')
 
 
@@ -172,3 +174,47 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
     refused = evaluate('--trials=3', *extra)
     assert refused.returncode == 2 and refused.stderr.startswith(expected), refused.stderr
   assert sorted(path.name for path in (workdir / 'evaluations').iterdir()) == ['passkey-none-heldout-3']
+
+
+def _lm_task(name: str, **changes):
+  fields = dict(name=name, model_kind='decoder_only', vocab_size=0, min_length=1, max_length=160,
+                eval_lengths=(160,), eval_batches=1, path=corpus_config.SHIPPED if name == 'corpus' else '')
+  return TASKS[name](TaskSettings(**dict(fields, **changes)))
+
+
+@pytest.mark.parametrize('name', ['shakespeare', 'corpus'])
+def test_passkey_rows_replace_a_fraction_of_training_rows_and_end_with_their_answer(name):
+  plain, mixed = _lm_task(name), _lm_task(name, passkey_fraction=0.5)
+  assert mixed.validate() is None
+  codec = passkey.codec_for(mixed)
+  before, after = plain.batch(0, 3, 'train', 64), mixed.batch(0, 3, 'train', 64)
+  np.testing.assert_array_equal(mixed.batch(0, 3, 'train', 64)['targets'], after['targets'])  # a function of the step
+  changed = [row for row in range(64) if not np.array_equal(before['targets'][row], after['targets'][row])]
+  assert 16 <= len(changed) <= 48
+  for row in changed:
+    inputs, targets = after['inputs'][row], after['targets'][row]
+    assert inputs[0] == codec.bos and np.array_equal(inputs[1:], targets[:-1]) and len(targets) == 160
+    text = codec.decode(targets.tolist())
+    key = text.split('The pass key is ')[1][:passkey.KEY_DIGITS]
+    assert key.isdigit() and text.endswith(passkey.QUESTION + passkey.answer_text(key)), text[-80:]
+  for row in set(range(64)) - set(changed):
+    np.testing.assert_array_equal(after['inputs'][row], before['inputs'][row])
+  for key in ('weights', 'valid'):
+    np.testing.assert_array_equal(after[key], before[key])
+  np.testing.assert_array_equal(mixed.batch(0, 3, 'eval', 8)['targets'], plain.batch(0, 3, 'eval', 8)['targets'])
+
+
+def test_a_passkey_fraction_the_task_cannot_take_is_refused_in_one_line():
+  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
+  from tests.helpers import smoke_experiment  # pylint: disable=g-import-not-at-top
+  assert _lm_task('shakespeare', passkey_fraction=0.5, max_length=102).validate() == (
+      'task.max_length: got 102 with task.passkey_fraction=0.5; valid: at least 103, a passkey row\'s needle, '
+      'question and answer')
+  shortest = _lm_task('shakespeare', passkey_fraction=0.5, max_length=103)
+  assert shortest.validate() is None and shortest.batch(0, 0, 'train', 8)['targets'].shape == (8, 103)
+  assert _lm_task('corpus', passkey_fraction=0.5, packing='documents').validate().startswith(
+      "task.passkey_fraction: got 0.5 with task.packing='documents'; valid: 0, or packing 'stream'")
+  with pytest.raises(settings.ConfigError, match=r"^task.passkey_fraction: got 1.0; valid: a number in \[0, 1\)$"):
+    smoke_experiment(**{'task.passkey_fraction': 1.0})
+  with pytest.raises(settings.ConfigError, match=r"^task.passkey_fraction: got 0.25 with task.name='copy'; valid: 0"):
+    smoke_experiment(**{'task.passkey_fraction': 0.25})

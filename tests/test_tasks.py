@@ -209,7 +209,8 @@ def _quick(config, **changes):
 
 
 CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t in ALGORITHMIC] + [
-    ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config)] + [
+    ('shakespeare.py', shakespeare_config.get_config), ('smoke.py', smoke.get_config),
+    ('shakespeare.py:passkey', lambda: shakespeare_config.get_config('passkey'))] + [
     (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES] + [
     ('classify.py', classify_config.get_config), ('tracing.py', tracing_config.get_config),
     ('translation.py', translation_config.get_config), ('corpus.py', corpus_config.get_config)]
@@ -223,6 +224,8 @@ def test_every_config_trains_end_to_end(tmp_path, name, make):
              'model.num_decoder_layers': 1, 'task.eval_lengths': tuple(config.task.eval_lengths[:2])}
   if name in ('shakespeare.py', 'corpus.py'):
     changes.update({'task.max_length': 32, 'task.eval_lengths': (32, 64)})
+  if name == 'shakespeare.py:passkey':  # the shortest row that holds the needle, the question and the answer
+    changes.update({'task.max_length': 103, 'task.eval_lengths': (103,)})
   experiment = _quick(config, **changes)
   evaluation_records = trainer.run(experiment, str(tmp_path))
   assert sorted(evaluation_records) == sorted(experiment.task.eval_lengths)

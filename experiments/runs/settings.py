@@ -221,6 +221,11 @@ def _task_settings(section) -> TaskSettings:
       raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}; valid: a tuple of positive integers')
   if not task.eval_lengths:
     raise ConfigError('task.eval_lengths: got (); valid: at least one length')
+  if not (isinstance(task.passkey_fraction, (int, float)) and 0.0 <= task.passkey_fraction < 1.0):
+    raise ConfigError(f'task.passkey_fraction: got {task.passkey_fraction!r}; valid: a number in [0, 1)')
+  if task.passkey_fraction and task.name not in ('shakespeare', 'corpus'):
+    raise ConfigError(f'task.passkey_fraction: got {task.passkey_fraction} with task.name={task.name!r}; valid: 0, '
+                      'or a language-model task (shakespeare, corpus)')
   repeated = sorted({n for n in task.eval_lengths if task.eval_lengths.count(n) > 1})
   if repeated:
     raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}, which repeats {repeated}; valid: each '

@@ -47,6 +47,7 @@ class TaskSettings:
   patch_length: int = 1
   path: str = ''
   packing: str = 'stream'
+  passkey_fraction: float = 0.0  # shakespeare, corpus: training rows replaced by passkey prompts with answers
 
 
 class Task(abc.ABC):

@@ -23,6 +23,7 @@ import numpy as np
 
 from experiments.data.corpus import open_corpus
 from experiments.data.manifest import DataError
+from experiments.tasks import passkey
 from experiments.tasks.base import Task, batch_rng, summarize, token_loss_and_metrics
 
 PACKINGS = ('stream', 'documents')
@@ -88,7 +89,7 @@ class Corpus(Task):
       if max(lengths) >= available:
         return (f'{field}: got {max(lengths)}; valid: lengths below the {available} tokens of {settings.path}\'s '
                 f'{split} split')
-    return None
+    return passkey.check_fraction(self)
 
   def sequence_length(self, length: int) -> int:
     return length
@@ -105,8 +106,10 @@ class Corpus(Task):
     inputs = np.concatenate([np.full((batch_size, 1), self.bos, np.int32), targets[:, :-1]], axis=1)
     weights = np.ones((batch_size, length), np.float32)
     weights[:, 0] = 0.0  # the first target has EOD alone before it, which every window starts with
-    return dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool),
-                **self.packed_rows(inputs))
+    batch = dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool))
+    if split == 'train' and self.settings.passkey_fraction:
+      batch = passkey.mix_into(batch, passkey.codec_for(self), tokens, self.settings.passkey_fraction, seed, step)
+    return dict(batch, **self.packed_rows(batch['inputs']))
 
   def packed_rows(self, inputs_BxL: np.ndarray) -> dict:
     """With packing 'documents': positions (B x L) restarting at 0 at each EOD input, and segments (B x L)

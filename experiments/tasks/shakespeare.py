@@ -18,6 +18,7 @@ import numpy as np
 
 from experiments.data import shakespeare as data
 from experiments.data.manifest import DataError
+from experiments.tasks import passkey
 from experiments.tasks.base import Task, batch_rng, summarize
 
 SPLIT_FILES = {'train': 'train', 'eval': 'heldout', 'test': 'heldout'}
@@ -51,7 +52,7 @@ class Shakespeare(Task):
         data.load(split)
     except DataError as error:
       return f'task.name: shakespeare: {error}'
-    return None
+    return passkey.check_fraction(self)
 
   def sequence_length(self, length: int) -> int:
     return length
@@ -65,7 +66,10 @@ class Shakespeare(Task):
     inputs = np.concatenate([np.full((batch_size, 1), self.bos, np.int32), windows[:, :-1]], axis=1)
     weights = np.ones((batch_size, length), np.float32)
     weights[:, 0] = 0.0  # the first character has no previous one: the bigram cannot score it
-    return dict(inputs=inputs, targets=windows, weights=weights, valid=np.ones((batch_size, length), bool))
+    batch = dict(inputs=inputs, targets=windows, weights=weights, valid=np.ones((batch_size, length), bool))
+    if split == 'train' and self.settings.passkey_fraction:
+      batch = passkey.mix_into(batch, passkey.codec_for(self), text, self.settings.passkey_fraction, seed, step)
+    return batch
 
   def stream(self, split: str) -> np.ndarray:
     """The split's characters as one token stream (the held-out plays one after another, for 'eval')."""
