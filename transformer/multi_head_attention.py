@@ -1,5 +1,6 @@
 """Multi-head attention (Vaswani et al. 2017, section 3.2.2), with the positional hooks at fixed points."""
 
+import dataclasses
 import math
 from typing import Optional, Union
 
@@ -17,8 +18,8 @@ from transformer.layers import EMBED, HEADS, Dense, linear
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h).
 
-  The variant's hooks (positions.hooks) enter at fixed points and never by name: rotate the projected
-  queries and keys, set the scale; the core adds the logits and values terms. Which core runs the call
+  The variant's hooks (positions.hooks) enter at fixed points and never by name: read the layer's input
+  (from_inputs), rotate the projected queries and keys, set the scale; the core adds the logits and values terms. Which core runs the call
   (explicit softmax, blocks, XLA's or cuDNN's fused attention, the Pallas kernel) is chosen in one
   place, attention_core.choose, from the backend, the dtype and what the call needs, or as
   `implementation` (model.attention_implementation) asks. The weights, where the core forms them, are
@@ -57,6 +58,8 @@ class MultiHeadAttention(nn.Module):
                                       reads_memory_cache=cached_step and not is_self_attention)
     scale = 1.0 / math.sqrt(query.shape[-1])
     if positions is not None:
+      positions = dataclasses.replace(positions, shared=positions.hooks.from_inputs(
+          inputs_q_BxLqxD, positions.shared, use_cache, cache_index))
       query, key, scale = self._rotate_and_scale(query, key, positions, cached_step)
     if use_cache:
       key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)

@@ -11,7 +11,9 @@ any of:
   rotate(vector, position, settings) -> vector                   a query or key of one head
   scale(head_dim) -> float                                       the logit scale
   logit(context, i, j, q_i, k_j, h) -> float                     e_ij, the scale included; context.keys
-                                                                 holds every key of the head (CoPE's gates)
+                                                                 holds every key of the head (CoPE's gates),
+                                                                 context.inputs the layer's input x_t of the
+                                                                 row (FoX's gates)
   value(context, i, j, v_j, h) -> vector                         the value vector key j gives query i
 """
 
@@ -58,6 +60,7 @@ def attention(kind: str, x: np.ndarray, params: dict, num_heads: int, causal: bo
   q, k, v = (project(n, x).reshape(batch, length, num_heads, head_dim) for n in ('query', 'key', 'value'))
   output = np.zeros((batch, length, num_heads, head_dim))
   for b in range(batch):
+    context.inputs = x[b]
     for h in range(num_heads):
       q_bh, k_bh = q[b, :, h], k[b, :, h]
       if hasattr(variant, 'rotate'):

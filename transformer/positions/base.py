@@ -9,6 +9,9 @@ variant, and never branches on the variant's name.
     shared(q_pos, k_pos)         terms that no layer owns (a pytree), handed  TUPE, shared T5
                                  unchanged to every layer
   LayerPositions (one per self-attention layer)
+    from_inputs(x, shared,       the layer's own terms read from its input     FoX
+      use_cache, cache_index)    (a data-dependent gate), returned as the
+                                 shared terms its other hooks then receive
     rotate(q, k, q_pos, k_pos)   transform queries and keys by position        RoPE
     logits(q, k, q_pos, k_pos, shared, scale)
                                  a term added to the scaled logits QK^T*scale  ALiBi, T5, TUPE, Shaw,
@@ -132,6 +135,17 @@ class LayerPositions(nn.Module):
   causal: bool
   has_cls: bool = False
   layer_index: int = 0  # which self-attention layer of its stack (0 first): a pattern by layer reads it
+
+  def from_inputs(self, inputs_BxLqxD: chex.Array, shared: Shared, use_cache: bool = False,
+                  cache_index: Optional[chex.Array] = None) -> Shared:
+    """The shared terms this layer's logits() and kernel_term() receive, given the layer's input (the
+    queries' side, after the layer's norm): by default the stack's, unchanged. A variant whose terms depend
+    on the content (FoX's forget gates) computes them here, per token. With use_cache (incremental
+    decoding) the first call (cache_index None) sees the cache's whole capacity and later calls the tokens
+    fed from cache_index on: a variant that needs the earlier tokens' terms keeps them in the 'cache'
+    collection."""
+    del inputs_BxLqxD, use_cache, cache_index
+    return shared
 
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     del q_positions_BxLq, k_positions_BxLk

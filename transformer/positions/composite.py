@@ -41,6 +41,10 @@ class CompositeLayer(LayerPositions):
   def setup(self):
     self.components = [part(**module_fields(self)) for part in self.parts]
 
+  def from_inputs(self, inputs_BxLqxD, shared, use_cache=False, cache_index=None):
+    parts = (None,) * len(self.components) if shared is None else shared  # None: the stack's are not computed
+    return tuple(c.from_inputs(inputs_BxLqxD, s, use_cache, cache_index) for c, s in zip(self.components, parts))
+
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     for component in self.components:
       query_BxLqxHxK, key_BxLkxHxK = component.rotate(query_BxLqxHxK, key_BxLkxHxK,

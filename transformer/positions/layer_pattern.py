@@ -93,6 +93,10 @@ class PatternLayer(LayerPositions):
     self.part = self.settings.parts[self.kind].layer(**dict(module_fields(self),
                                                             settings=self.settings.part(self.kind)))
 
+  def from_inputs(self, inputs_BxLqxD, shared, use_cache=False, cache_index=None):
+    own = None if shared is None else shared[self.kind]  # None: the stack's are not computed
+    return dict(shared or {}, **{self.kind: self.part.from_inputs(inputs_BxLqxD, own, use_cache, cache_index)})
+
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk)
 
