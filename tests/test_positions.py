@@ -1,5 +1,6 @@
 """One suite, parametrised over every positional variant in transformer.positions.VARIANTS."""
 
+import dataclasses
 import functools
 import math
 import pathlib
@@ -97,6 +98,19 @@ def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
   ours = module.apply(params, x)
   reference = transcriptions.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position.settings)
   np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('causal', [True, False])
+@pytest.mark.parametrize('kind', ALL)
+def test_scalable_softmax_matches_the_naive_loop_with_every_variant(kind, causal):
+  """position.ssmax: the queries times s_h log n_i (n_i = i + 1 causal, L otherwise) before each variant's
+  logit, as the transcription applies it; s_h randomised with the other parameters."""
+  if _run(kind, causal, ssmax=True) is None:
+    return  # refused, as checked
+  module, params, x, config = _run(kind, causal, ssmax=True)
+  assert config.position.settings.ssmax and 'ssmax_scale' in params['params']['attention']
+  reference = transcriptions.attention(kind, np.asarray(x), params['params'], H, causal, False, config.position.settings)
+  np.testing.assert_allclose(module.apply(params, x), reference, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize('causal', [True, False])
@@ -357,10 +371,13 @@ def test_every_variant_is_documented_in_the_readme_with_its_paper():
 
 
 def test_the_readme_lists_every_variants_settings():
-  """The README's list of settings is the one VARIANTS declares, variant by variant."""
+  """The README's list of settings is the one VARIANTS declares, variant by variant, after the line of
+  those every variant has (position_base.Settings' fields)."""
   readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text().splitlines()
+  common = [field.name for field in dataclasses.fields(position_base.Settings)]
+  assert '- every variant: ' + ', '.join(f'`{name}`' for name in common) in readme
   for kind, variant in T.VARIANTS.items():
-    names = ', '.join(f'`{name}`' for name in variant.setting_names()) or 'none'
+    names = ', '.join(f'`{name}`' for name in variant.setting_names() if name not in common) or 'none'
     assert f'- `{kind}`: {names}' in readme, kind
 
 

@@ -13,15 +13,17 @@ from transformer import attention_core
 from transformer.attention import merge_heads, split_heads
 from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
 from transformer.layers import EMBED, HEADS, Dense, linear
+from transformer.positions.ssmax import keys_seen, scalable_query
 
 
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h).
 
   The variant's hooks (positions.hooks) enter at fixed points and never by name: read the layer's input
-  (from_inputs), rotate the projected queries and keys, set the scale; the core adds the logits and values terms. Which core runs the call
-  (explicit softmax, blocks, XLA's or cuDNN's fused attention, the Pallas kernel) is chosen in one
-  place, attention_core.choose, from the backend, the dtype and what the call needs, or as
+  (from_inputs), rotate the projected queries and keys, set the scale, and with the setting ssmax scale
+  the queries by s_h log n (positions/ssmax.py); the core adds the logits and values terms. Which core
+  runs the call (explicit softmax, blocks, XLA's or cuDNN's fused attention, the Pallas kernel) is chosen
+  in one place, attention_core.choose, from the backend, the dtype and what the call needs, or as
   `implementation` (model.attention_implementation) asks. The weights, where the core forms them, are
   sown as 'intermediates/attention_weights'.
   """
@@ -61,6 +63,9 @@ class MultiHeadAttention(nn.Module):
       positions = dataclasses.replace(positions, shared=positions.hooks.from_inputs(
           inputs_q_BxLqxD, positions.shared, use_cache, cache_index))
       query, key, scale = self._rotate_and_scale(query, key, positions, cached_step)
+      if positions.hooks.settings.ssmax:
+        query = self._scalable_softmax(query, mask, positions.k_positions_BxLk.shape[1],
+                                       positions.hooks.settings.ssmax_initial_scale)
     if use_cache:
       key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
@@ -102,6 +107,15 @@ class MultiHeadAttention(nn.Module):
       query, key = hooks.rotate(query, key, q_positions_BxLq, positions.k_positions_BxLk)
     scale = hooks.scale()
     return query, key, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+
+  def _scalable_softmax(self, query_BxLqxHxK, mask: AttentionMask, key_length: int, initial: float):
+    """The query times s_h log n_i (positions/ssmax.py), s_h this layer's, n_i counted from the mask."""
+    scale_H = self.param('ssmax_scale', nn.initializers.constant(initial), (self.num_heads,))
+    batch, length_q = query_BxLqxHxK.shape[:2]
+    seen = mask.mask
+    if seen is None and mask.key_valid_BxLk is not None:
+      seen = mask.key_valid_BxLk[:, None, None, :]
+    return scalable_query(query_BxLqxHxK, scale_H, keys_seen(seen, batch, length_q, key_length))
 
   def _cached_keys_values(self, key, value, cache_index, is_self_attention):
     """The cache's keys and values, B x capacity x H x K, after writing this call's at cache_index."""

@@ -16,6 +16,7 @@ import os
 from typing import Optional
 
 from experiments.shared.files import append_line_durably, write_json_atomically
+from transformer.positions.base import Settings
 from transformer.positions.extension import ExtensionSettings
 
 CONFIG_FILE = 'config.json'
@@ -31,6 +32,7 @@ ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed'
                 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto',
                 'model.position.interpolation_factor': 1.0, 'model.position.temperature_scale': 0.0,
                 'model.position.temperature_floor': 8192,
+                **{f'model.position.{field.name}': field.default for field in dataclasses.fields(Settings)},
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
 
 # Fields a restart may change, and why each leaves what the run has computed so far valid.

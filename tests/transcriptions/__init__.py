@@ -15,6 +15,9 @@ any of:
                                                                  context.inputs the layer's input x_t of the
                                                                  row (FoX's gates)
   value(context, i, j, v_j, h) -> vector                         the value vector key j gives query i
+
+With the setting ssmax (every variant's) query i of head h is multiplied by s_h log n_i, n_i the keys
+it sees, before the variant's logit (Nakanishi 2025, as the paper applies it).
 """
 
 import importlib
@@ -69,6 +72,9 @@ def attention(kind: str, x: np.ndarray, params: dict, num_heads: int, causal: bo
       context.keys = k_bh
       for i in range(length):
         allowed = [j for j in range(length) if not causal or j <= i]
+        if settings.ssmax:  # Nakanishi 2025: softmax((s log n) z) with the query scaled, n the keys it sees
+          q_bh = q_bh.copy()
+          q_bh[i] = q_bh[i] * float(attention_params['ssmax_scale'][h]) * math.log(len(allowed))
         row = np.array([logit(context, i, j, q_bh[i], k_bh[j], h) for j in allowed])
         weights = np.exp(row - row.max())
         weights /= weights.sum()

@@ -66,9 +66,15 @@ def require(condition: bool, field: str, value, valid: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """A variant's knobs: subclasses add fields (a default and a comment each) and override the
-  checks. This base has none, for variants without settings."""
+  checks. This base holds the settings every variant has: scalable softmax (ssmax.py), which combines
+  with any of them."""
+  ssmax: bool = False               # scalable softmax: queries times s_h log n (Nakanishi 2025), any variant
+  ssmax_initial_scale: float = 0.43  # s_h at initialisation, learned per head and layer
 
   def __post_init__(self):
+    require(isinstance(self.ssmax, bool), 'position.ssmax', self.ssmax, 'true or false')
+    require(math.isfinite(self.ssmax_initial_scale) and self.ssmax_initial_scale > 0,
+            'position.ssmax_initial_scale', self.ssmax_initial_scale, 'a finite number > 0')
     self.check()
 
   def check(self) -> None:
