@@ -10,10 +10,11 @@ results.jsonl; and this command's tables and plot of them), never touching the r
 within the longest window) and the plot (by length; by position within the longest window) over every
 run and method; --collect writes them from evaluation directories already on disk. The original length is
 read from each run. Methods other than none apply to runs of a rotary variant; for the others they are
-skipped, with a line saying so. --factor is s for pi, ntk, yarn and llama3 (the new length over the
-original one; required for them), while dynamic_ntk computes its own. --position sets other variants'
-analogues (interpolation_factor of sinusoidal and learned tables, the NoPE temperature of Llama 4) on
-every run.
+skipped, with a line saying so. --factor is s for pi, ntk, yarn, llama3 and longrope (the new length over
+the original one; required for them), while dynamic_ntk computes its own. --rope_scaling=config.json gives
+longrope the factors of a Hugging Face config (its rope_scaling; experiments/runs/rope_scaling.py).
+--position sets other variants' analogues (interpolation_factor of sinusoidal and learned tables, the
+NoPE temperature of Llama 4) on every run.
 
   python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=128,256,512,1024 \
       --depths=0,0.25,0.5,0.75,1 --trials=20 [--probe_filler=classic] [--extension=yarn --factor=8]
@@ -31,7 +32,7 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, long_context, probes, run_record, windows
+from experiments.runs import checkpoints, long_context, probes, rope_scaling, run_record, windows
 from experiments.shared import cli
 from experiments.shared.files import save_figure_atomically, write_text_atomically
 from experiments.sweeps.results import line_style
@@ -40,13 +41,16 @@ from transformer.positions.extension import ExtensionSettings, METHODS
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of a language model.')
 _LENGTHS = flags.DEFINE_string('lengths', None, 'Comma-separated window lengths (default: the run\'s eval_lengths).')
 _EXTENSION = flags.DEFINE_string('extension', 'none', f'Comma-separated methods among: {", ".join(METHODS)}.')
-_FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn and llama3 (required with them).')
+_FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn, llama3 and longrope (required with '
+                             'them).')
 _PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', list(windows.PROTOCOLS), 'windows: non-overlapping; sliding: '
                               'a window every stride tokens, each token scored once (experiments/runs/windows.py).')
 _STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction of the window length, in (0, 1).')
 _POSITION = flags.DEFINE_string('position', '', 'FIELD=VALUE,... set on every run\'s model.position at evaluation: '
                                 'the analogues for other variants, e.g. interpolation_factor=4 (sinusoidal, learned) '
                                 'or temperature_scale=0.1,temperature_floor=128 (none).')
+_ROPE_SCALING = flags.DEFINE_string('rope_scaling', None, 'A Hugging Face config.json whose rope_scaling holds '
+                                    'LongRoPE\'s factors, for --extension=longrope (experiments/runs/rope_scaling.py).')
 _TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.',
                                lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
@@ -62,7 +66,7 @@ _TRIALS = flags.DEFINE_integer('trials', 20, '--probe: prompts per (length, dept
 _PROBE_FILLER = flags.DEFINE_enum('probe_filler', 'heldout', list(probes.FILLERS), '--probe: heldout (the run\'s '
                                   'held-out text) or classic (the repeated sentences of Mohtashami & Jaggi).')
 
-STATIC = ('pi', 'ntk', 'yarn', 'llama3')
+STATIC = ('pi', 'ntk', 'yarn', 'llama3', 'longrope')
 
 
 def _requests(methods: list[str]) -> list[long_context.Request]:
@@ -80,16 +84,21 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
     if value < 1:
       raise ValueError(f'{name}: got {value}; valid: a positive integer')
   position = long_context.parse_position(_POSITION.value)
+  if _ROPE_SCALING.value:
+    if 'longrope' not in methods:
+      raise ValueError(f'--rope_scaling: got {_ROPE_SCALING.value!r} with --extension={",".join(methods)}; valid: '
+                       'with --extension=longrope, whose factors it gives')
+  longrope = rope_scaling.longrope_overrides(_ROPE_SCALING.value) if _ROPE_SCALING.value else ()
   return [long_context.Request(method=m, factor=_FACTOR.value if m in STATIC else 1.0, protocol=_PROTOCOL.value,
                                stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value,
-                               position_overrides=position)
+                               position_overrides=position + (longrope if m == 'longrope' else ()))
           for m in methods]
 
 
 def _label(workdir: str, method: str, position_overrides) -> str:
   name = os.path.basename(os.path.normpath(workdir))
   parts = [] if method == 'none' else [method]
-  parts += [f'{field}={value}' for field, value in position_overrides]
+  parts += [f'{field}={long_context.override_text(value)}' for field, value in position_overrides]
   return ' + '.join([name] + parts)
 
 

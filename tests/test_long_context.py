@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.runs import checkpoints, long_context, trainer, windows
+from experiments.runs import checkpoints, long_context, rope_scaling, trainer, windows
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 
 TINY_SHAKESPEARE = {'task.name': 'shakespeare', 'task.model_kind': 'decoder_only', 'task.max_length': 16,
@@ -91,6 +91,37 @@ def test_factor_one_and_the_run_as_trained_give_the_same_numbers(tiny_run):
   _, plain = long_context.evaluate_run(tiny_run, [32], _request(), log=lambda line: None)
   _, pi_one = long_context.evaluate_run(tiny_run, [32], _request('pi', 1.0), name='pi-one', log=lambda line: None)
   assert plain[32]['bits_per_character'] == pi_one[32]['bits_per_character']
+
+
+@pytest.mark.slow
+def test_longrope_reads_its_factors_from_a_hugging_face_config(tiny_run, tmp_path):
+  """evaluate --extension=longrope --factor=2 --rope_scaling=config.json: factors of one and an attention
+  factor of one give the run as trained; other long factors other numbers, in a directory named by the
+  factors' hash; --rope_scaling without longrope is refused in one line."""
+  with open(os.path.join(tiny_run, 'config.json')) as file:
+    model = json.load(file)['model']
+  pairs = model['model_dim'] // model['num_heads'] // 2
+
+  def config_file(name, long_factor):
+    path = tmp_path / name
+    path.write_text(json.dumps({'rope_scaling': {'rope_type': 'longrope', 'short_factor': [1.0] * pairs,
+                                                 'long_factor': long_factor, 'attention_factor': 1.0}}))
+    return str(path)
+  _, plain = long_context.evaluate_run(tiny_run, [32], _request(), log=lambda line: None)
+  ones = rope_scaling.longrope_overrides(config_file('ones.json', [1.0] * pairs))
+  _, same = long_context.evaluate_run(tiny_run, [32], _request('longrope', 2.0, position_overrides=ones),
+                                      log=lambda line: None)
+  assert same[32]['bits_per_character'] == plain[32]['bits_per_character']
+  rescaled = rope_scaling.longrope_overrides(config_file('rescaled.json', [1.0 + p for p in range(pairs)]))
+  directory, other = long_context.evaluate_run(tiny_run, [32], _request('longrope', 2.0, position_overrides=rescaled),
+                                               log=lambda line: None)
+  assert other[32]['bits_per_character'] != plain[32]['bits_per_character']
+  assert '-longrope_long_factorssha' in os.path.basename(directory)
+  refused = subprocess.run([sys.executable, '-m', 'experiments.evaluate', f'--workdir={tiny_run}', '--lengths=32',
+                            '--extension=yarn', '--factor=2', f'--rope_scaling={config_file("x.json", [1.0] * pairs)}'],
+                           env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
+  assert refused.returncode == 2 and '--rope_scaling: got' in refused.stderr and 'valid: with --extension=longrope' in (
+      refused.stderr)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ one that describes this one is resumed (lengths already there are kept, not reco
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -42,10 +43,17 @@ class Request:
   #                       (interpolation_factor of sinusoidal and learned, the NoPE temperature)
 
 
+def override_text(value) -> str:
+  """A position override's value as names and labels show it: a long one (LongRoPE's factor lists) as the
+  first 8 hex digits of its SHA-256."""
+  text = str(value)
+  return text if len(text) <= 24 and ' ' not in text else 'sha' + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def default_name(request: Request) -> str:
   factor = '' if request.method in ('none', 'dynamic_ntk') else f'-x{request.factor:g}'
   protocol = request.protocol if request.protocol == 'windows' else f'sliding{request.stride_fraction:g}'
-  settings = ''.join(f'-{field}{value}' for field, value in request.position_overrides)
+  settings = ''.join(f'-{field}{override_text(value)}' for field, value in request.position_overrides)
   return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'
 
 

@@ -26,7 +26,14 @@ length L (the YaRN paper's r(d) = L / lambda_d):
   llama3       the frequency bands of Llama 3.1 (Meta 2024): the same blend with the ramp between
                r = low_frequency_factor (1) and r = high_frequency_factor (4) rotations over L, and no
                temperature.
-At s = 1 every method is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
+  longrope     LongRoPE (Ding et al. 2024), as Hugging Face's rope_type 'longrope' (Phi-3) computes it:
+               theta_p' = theta_p / lambda_p with a rescale factor per pair, found by the paper's search,
+               from the long set where the model serves beyond L (s > 1) and the short set otherwise;
+               queries and keys both multiplied by the attention factor, by default
+               sqrt(1 + ln s / ln L) (1 at s = 1). Hugging Face picks the set by the length reached so
+               far; here the run's factor picks it, so a cached decoding and the full pass rotate every
+               token alike. The factors are settings (experiments read them from a Hugging Face config).
+At s = 1 every method but longrope is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
 """
 
 import dataclasses
@@ -37,8 +44,14 @@ import jax.numpy as jnp
 
 from transformer.positions.base import Settings, require
 
-METHODS = ('none', 'pi', 'ntk', 'dynamic_ntk', 'yarn', 'llama3')
-READS_ORIGINAL_LENGTH = ('dynamic_ntk', 'yarn', 'llama3')
+METHODS = ('none', 'pi', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope')
+READS_ORIGINAL_LENGTH = ('dynamic_ntk', 'yarn', 'llama3', 'longrope')
+
+
+def factor_list(text: str) -> tuple[float, ...]:
+  """'1.0 1.25 3.5' -> (1.0, 1.25, 3.5): LongRoPE's factors as a setting holds them (numbers separated by
+  spaces or commas); ValueError on anything else."""
+  return tuple(float(item) for item in text.replace(',', ' ').split())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +64,9 @@ class ExtensionSettings(Settings):
   yarn_beta: float = 32.0                    # YaRN: pairs turning > beta times over L are kept
   llama3_low_frequency_factor: float = 1.0   # Llama 3: pairs turning < this many times over L are interpolated
   llama3_high_frequency_factor: float = 4.0  # Llama 3: pairs turning > this many times over L are kept
+  longrope_short_factors: str = ''           # LongRoPE: lambda_p of each pair, head_dim / 2 numbers, used at s = 1
+  longrope_long_factors: str = ''            # LongRoPE: lambda_p of each pair, used at s > 1
+  longrope_attention_factor: float = 0.0     # LongRoPE: queries' and keys' factor; 0: sqrt(1 + ln s / ln L)
 
   def check(self):
     require(self.rope_extension in METHODS, 'position.rope_extension', self.rope_extension, ', '.join(METHODS))
@@ -66,6 +82,30 @@ class ExtensionSettings(Settings):
     require(0.0 <= self.llama3_low_frequency_factor < self.llama3_high_frequency_factor,
             'position.llama3_low_frequency_factor', self.llama3_low_frequency_factor,
             f'a number >= 0 below llama3_high_frequency_factor={self.llama3_high_frequency_factor}')
+    for field in ('longrope_short_factors', 'longrope_long_factors'):
+      text = getattr(self, field)
+      try:
+        factors = factor_list(text)
+      except ValueError:
+        factors = ()
+      require(isinstance(text, str) and (text.strip() == '' or (factors and all(
+          math.isfinite(f) and f > 0 for f in factors))), f'position.{field}', text,
+              'numbers > 0 separated by spaces, one per pair of dimensions (head_dim / 2), or empty')
+      require(self.rope_extension != 'longrope' or factors, f'position.{field}', text,
+              'the rescale factor of each pair (head_dim / 2 numbers) with rope_extension=longrope')
+    require(self.rope_extension != 'longrope' or self.original_length > 1, 'position.original_length',
+            self.original_length, 'the training length (> 1) with rope_extension=longrope, whose attention factor '
+            'divides by its logarithm')
+    require(math.isfinite(self.longrope_attention_factor) and self.longrope_attention_factor >= 0,
+            'position.longrope_attention_factor', self.longrope_attention_factor,
+            'a finite number > 0, or 0 for sqrt(1 + ln s / ln L)')
+
+  def check_attention(self, num_heads, head_dim, causal):
+    if self.rope_extension == 'longrope':
+      for field in ('longrope_short_factors', 'longrope_long_factors'):
+        count = len(factor_list(getattr(self, field)))
+        require(count == head_dim // 2, f'position.{field}', f'{count} numbers',
+                f'{head_dim // 2}, one per pair of dimensions of a head of width {head_dim}')
 
   def per_query(self) -> bool:
     """Whether each query has its own frequencies (dynamic_ntk): the rotation is then a logits term."""
@@ -104,6 +144,8 @@ def yarn_magnitude(factor: float) -> float:
 def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
   """(theta', magnitude) of a static method: the frequencies and the factor on queries and keys."""
   method, factor = settings.rope_extension, settings.extension_factor
+  if method == 'longrope':
+    return longrope_frequencies(theta_P, settings)
   if method == 'none' or factor == 1.0:
     return theta_P, 1.0
   if method == 'pi':
@@ -117,6 +159,19 @@ def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
     return ramp_frequencies(theta_P, factor, settings.original_length, settings.llama3_low_frequency_factor,
                             settings.llama3_high_frequency_factor), 1.0
   raise ValueError(f'position.rope_extension: got {method!r}; valid: pi, ntk, yarn, llama3 (static methods)')
+
+
+def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
+  """(theta_p / lambda_p, attention factor): the long set and sqrt(1 + ln s / ln L) (or the setting) for
+  s > 1, the short set and 1 (or the setting) at s = 1."""
+  factor = settings.extension_factor
+  extended = factor > 1.0
+  rescale_P = jnp.asarray(factor_list(settings.longrope_long_factors if extended else settings.longrope_short_factors),
+                          jnp.float32)
+  chex.assert_equal_shape([rescale_P, theta_P])
+  magnitude = settings.longrope_attention_factor or (
+      math.sqrt(1.0 + math.log(factor) / math.log(settings.original_length)) if extended else 1.0)
+  return theta_P / rescale_P, magnitude
 
 
 def dynamic_factor(q_positions_BxLq: chex.Array, original_length: int) -> chex.Array:

@@ -42,6 +42,7 @@ class PartialRopeSettings(ExtensionSettings):
             ', '.join(FREQUENCIES))
 
   def check_attention(self, num_heads, head_dim, causal):
+    super().check_attention(num_heads, head_dim, causal)
     require(head_dim % 2 == 0, 'model_dim', num_heads * head_dim,
             f'model_dim / num_heads even (now {head_dim}), since p_rope rotates pairs of dimensions')
     require(rotated_pairs(head_dim, self.rotary_fraction) >= 1, 'position.rotary_fraction', self.rotary_fraction,

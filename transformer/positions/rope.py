@@ -25,6 +25,7 @@ class RopeSettings(ExtensionSettings):
     require(self.rope_base > 1.0, 'position.rope_base', self.rope_base, 'a number > 1')
 
   def check_attention(self, num_heads, head_dim, causal):
+    super().check_attention(num_heads, head_dim, causal)
     require(head_dim % 2 == 0, 'model_dim', num_heads * head_dim,
             f'model_dim / num_heads even (now {head_dim}), since rope rotates pairs of dimensions')
 

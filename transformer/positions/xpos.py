@@ -46,6 +46,7 @@ class XposSettings(ExtensionSettings):
             f'{(1 / ZETA_MIN) ** MAX_EXPONENT:.0e} at (n - c) / gamma = {MAX_EXPONENT}, and float32 ends at 3e38')
 
   def check_attention(self, num_heads, head_dim, causal):
+    super().check_attention(num_heads, head_dim, causal)
     require(head_dim % 2 == 0, 'model_dim', num_heads * head_dim,
             f'model_dim / num_heads even (now {head_dim}), since xpos rotates pairs of dimensions')
 
