@@ -15,9 +15,9 @@ from tests.helpers import init, tiny, tokens
 
 
 def _needs(backend='cpu', dtype='float32', caller_weights=False, values_term=False, position_term=False,
-           blocks_configured=True, blocks_pay=True, kernel_serves=True, mask_in_parts=True):
+           blocks_configured=True, blocks_pay=True, kernel_serves=True, mask_in_parts=True, softmax=True):
   return attention_core.CallNeeds(backend, dtype, caller_weights, values_term, position_term, blocks_configured,
-                                  blocks_pay, kernel_serves, mask_in_parts)
+                                  blocks_pay, kernel_serves, mask_in_parts, softmax)
 
 
 @pytest.mark.parametrize('needs, expected', [
@@ -35,6 +35,8 @@ def _needs(backend='cpu', dtype='float32', caller_weights=False, values_term=Fal
     (_needs(backend='gpu', dtype='bfloat16', position_term=True, blocks_pay=False), 'xla'),
     (_needs(backend='gpu', dtype='bfloat16', values_term=True, blocks_pay=False), 'explicit'),
     (_needs(backend='gpu', dtype='bfloat16', caller_weights=True), 'explicit'),
+    (_needs(backend='gpu', dtype='bfloat16', softmax=False), 'blockwise'),       # stick-breaking: its own blocks
+    (_needs(backend='gpu', dtype='bfloat16', softmax=False, blocks_pay=False), 'explicit'),
 ])
 def test_auto_picks_by_backend_dtype_and_what_the_call_needs(needs, expected):
   assert attention_core.choose('auto', needs) == expected
@@ -55,10 +57,10 @@ def test_the_docstring_table_lists_autos_rules_in_the_order_the_code_tries_them(
 
 
 def test_auto_picks_the_first_rule_that_holds_and_only_a_core_that_can_run():
-  """Over every combination of backend, dtype and the call's needs (1152 calls): auto's choice is a core
+  """Over every combination of backend, dtype and the call's needs (2304 calls): auto's choice is a core
   that an explicit request for it would take, never pallas, and no earlier rule held."""
   calls = list(_every_call())
-  assert len(calls) == 3 * 3 * 2 ** 7
+  assert len(calls) == 3 * 3 * 2 ** 8
   for needs in calls:
     core = attention_core.choose('auto', needs)
     assert core != 'pallas'
@@ -92,6 +94,9 @@ def test_an_explicit_choice_that_can_run_is_taken(requested, needs):
     ('pallas', _needs(backend='gpu', mask_in_parts=False), 'not the causal mask and padding given as such'),
     ('pallas', _needs(backend='gpu', caller_weights=True), 'never forms'),
     ('pallas', _needs(values_term=True), "Shaw's"),
+    ('xla', _needs(softmax=False), 'weights are not a softmax'),
+    ('cudnn', _needs(backend='gpu', dtype='bfloat16', softmax=False), 'weights are not a softmax'),
+    ('pallas', _needs(softmax=False), 'weights are not a softmax'),
     ('flash', _needs(), 'valid: auto, explicit, blockwise, xla, cudnn, pallas'),
 ])
 def test_a_choice_that_cannot_run_is_refused_naming_the_field_and_why(requested, needs, reason):

@@ -121,8 +121,9 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   with [CLS] (TUPE's reset falls in the first block) and the aligned encoder-decoder, both through
   the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path."""
   calls = []
-  original = attention_core.blockwise_attention
+  original, rule = attention_core.blockwise_attention, attention_core._blockwise_rule  # pylint: disable=protected-access
   monkeypatch.setattr(attention_core, 'blockwise_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
+  monkeypatch.setattr(attention_core, '_blockwise_rule', lambda *a, **k: calls.append(1) or rule(*a, **k))  # stick-breaking
   length = 7
   decoder_args = (tokens(2, length),)
   one_layer = dict(num_encoder_layers=1, num_decoder_layers=1)

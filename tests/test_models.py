@@ -218,7 +218,7 @@ def test_fused_attention_path_gives_the_explicit_paths_outputs(kind, monkeypatch
   monkeypatch.setattr(attention_core, 'current_backend', lambda: 'gpu')  # float32: XLA's fused attention, not cuDNN
   original = attention_core.fused_attention
   monkeypatch.setattr(attention_core, 'fused_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
-  shaw = kind == 'shaw'
+  shaw = kind in ('shaw', 'stick_breaking')  # a values term, or weights that are not a softmax: never fused
   # (model, inputs, attention layers that may fuse): 2 layers per stack; cross-attention without
   # alignment carries no position hooks, so it fuses even for Shaw.
   cases = [(T.DecoderOnly(tiny(kind)), (tokens(2, 7),), 0 if shaw else 2)]

@@ -2,7 +2,7 @@
 jax.nn.dot_product_attention, and the split and merge of heads (section 3.2.2)."""
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import chex
 import jax
@@ -16,13 +16,14 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
                                  mask: Optional[chex.Array] = None, bias: Optional[chex.Array] = None,
                                  scale: Optional[float] = None, return_weights: bool = False,
                                  dropout_rate: float = 0.0, dropout_rng: Optional[chex.PRNGKey] = None,
-                                 deterministic: bool = True):
+                                 deterministic: bool = True, weights_function: Optional[Callable] = None):
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(d_k) by default.
 
   query: B x Lq x H x K, key: B x Lk x H x K, value: B x Lk x H x V (the layout of
   `jax.nn.dot_product_attention`). mask (True = attend) and bias broadcast to B x H x Lq x Lk.
   Logits and softmax are in float32 whatever the input dtype. The 1/sqrt(d_k) keeps the logits'
   variance near 1 as d_k grows, so the softmax does not saturate.
+  weights_function(logits, mask) -> weights replaces the softmax (stick-breaking attention).
   Returns the output, B x Lq x H x V, and with return_weights the weights, B x H x Lq x Lk.
   """
   chex.assert_rank([query, key, value], 4)
@@ -40,7 +41,7 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   if bias is not None:
     logits_BxHxLqxLk = logits_BxHxLqxLk + bias.astype(jnp.float32)
   chex.assert_shape(logits_BxHxLqxLk, (batch, heads, length_q, length_k))
-  weights_BxHxLqxLk = softmax(logits_BxHxLqxLk, mask)
+  weights_BxHxLqxLk = (weights_function or softmax)(logits_BxHxLqxLk, mask)
   attended = dropout(weights_BxHxLqxLk, dropout_rate, dropout_rng, deterministic)
   output_BxHxLqxV = jnp.einsum('bhqs,bhsv->bhqv', attended.astype(value.dtype), jnp.transpose(value, (0, 2, 1, 3)))
   output_BxLqxHxV = jnp.transpose(output_BxHxLqxV, (0, 2, 1, 3))

@@ -1,7 +1,9 @@
 """The attention cores, and the one place that decides which runs a self- or cross-attention call.
 
 Every core takes an AttentionRequest (attention_request.py) and the layer's CoreSettings, and returns
-an AttentionResult:
+an AttentionResult. A variant whose weights are not a softmax (stick-breaking) hands a WeightsRule, which
+the explicit core applies to the logits and the blockwise core runs in its own blocks; the fused cores
+(xla, cudnn, pallas) compute a softmax and refuse it.
 
   explicit   softmax(Q K^T scale + term) V with the weights formed (scaled_dot_product_attention): runs
              everywhere and serves everything (a values term, attention dropout, collected weights).
@@ -23,10 +25,10 @@ call (AUTO_RULES, in the same order; tests/test_attention_core.py reads this tab
 
   | core      | when                                                                           |
   |-----------|--------------------------------------------------------------------------------|
-  | cudnn     | a GPU, half precision, no weights read, no values or logits term               |
+  | cudnn     | a GPU, half precision, no weights read, no values or logits term, a softmax    |
   | blockwise | blocks configured and paying (causal or key blocks, longer than a block), no   |
   |           | weights read by the caller                                                     |
-  | xla       | a GPU, no weights read, no values term                                         |
+  | xla       | a GPU, no weights read, no values term, a softmax                              |
   | explicit  | always                                                                         |
 
 pallas runs only where asked for (docs/architecture.md says why auto leaves it). Any other choice is
@@ -62,6 +64,7 @@ class CallNeeds:
   blocks_pay: bool             # blocks would skip work or bound memory here (causal or key blocks, long)
   kernel_serves: bool = False  # the variant adds no term, or one a kernel computes inside (kernel_term)
   mask_in_parts: bool = False  # the mask is None, or the causal mask and the keys' padding given as such
+  softmax: bool = True         # the weights are a softmax of the logits (not the variant's WeightsRule)
 
 
 def _refusal(requested: str, reason: str, needs: CallNeeds) -> ValueError:
@@ -79,6 +82,8 @@ def _runs(choice: str, needs: CallNeeds) -> Optional[str]:
     if needs.caller_weights:
       return 'this call needs the attention weights (attention dropout or collected weights), which blocks never form'
     return None
+  if not needs.softmax:
+    return f'the positional variant\'s weights are not a softmax (its WeightsRule), which {choice} computes'
   if needs.caller_weights or needs.values_term:
     return f'this call needs the attention weights (a values term such as Shaw\'s, attention dropout or ' \
            f'collected weights), which {choice} never forms'
@@ -102,7 +107,7 @@ def _runs(choice: str, needs: CallNeeds) -> Optional[str]:
 AUTO_RULES: tuple[tuple[str, Callable[[CallNeeds], bool]], ...] = (
     ('cudnn', lambda needs: needs.backend == 'gpu' and _runs('cudnn', needs) is None),
     ('blockwise', lambda needs: needs.blocks_configured and needs.blocks_pay and not needs.caller_weights),
-    ('xla', lambda needs: needs.backend == 'gpu' and not (needs.caller_weights or needs.values_term)),
+    ('xla', lambda needs: needs.backend == 'gpu' and _runs('xla', needs) is None),
     ('explicit', lambda needs: True),
 )
 
@@ -110,7 +115,7 @@ AUTO_RULES: tuple[tuple[str, Callable[[CallNeeds], bool]], ...] = (
 def may_use_cudnn(needs: CallNeeds) -> bool:
   """Whether cuDNN could serve the call but for a position term (which the caller then computes to decide)."""
   return (needs.backend == 'gpu' and needs.dtype in HALF_PRECISION and not needs.caller_weights
-          and not needs.values_term)
+          and not needs.values_term and needs.softmax)
 
 
 def choose(requested: str, needs: CallNeeds) -> str:
@@ -138,15 +143,19 @@ def call_needs(request: AttentionRequest, settings: CoreSettings) -> CallNeeds:
       blocks_pay=(request.mask.causal or settings.key_block_size > 0)
       and max(query.shape[1], key.shape[1]) > settings.block_size,
       kernel_serves=positions is None or positions.hooks.kernel_serves(),
-      mask_in_parts=request.mask.given_as_parts)
+      mask_in_parts=request.mask.given_as_parts, softmax=request.weights_rule is None)
 
 
 def explicit(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
-  """softmax with the weights formed: attention dropout, the values term, weights handed back."""
+  """softmax (or the variant's WeightsRule) with the weights formed: attention dropout, the values term,
+  weights handed back."""
+  rule, positions = request.weights_rule, request.positions
+  weights_function = None if rule is None else (
+      lambda logits, mask: rule.dense(logits, mask, positions.q_positions_BxLq, positions.k_positions_BxLk))
   output, weights = scaled_dot_product_attention(
       request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, mask=request.mask.mask,
       bias=request.logits_term, scale=request.scale, return_weights=True, dropout_rate=settings.dropout_rate,
-      dropout_rng=settings.dropout_rng, deterministic=settings.dropout_rng is None)
+      dropout_rng=settings.dropout_rng, deterministic=settings.dropout_rng is None, weights_function=weights_function)
   values_term = request.values_term(weights)
   if values_term is not None:
     output = output + values_term.astype(output.dtype)
@@ -215,10 +224,31 @@ def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionRes
       def values_term(weights_block, q_slice, k_slice):
         return hooks.values(weights_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice])
   all_keys_at_once = positions is not None and positions.hooks.needs_all_keys()
+  if request.weights_rule is not None:
+    return _blockwise_rule(request, settings, logits_term, all_keys_at_once)
   return AttentionResult(blockwise_attention(
       query, key, value, block_size=settings.block_size, mask=request.mask.mask, scale=request.scale,
       skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
       key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band))
+
+
+def _blockwise_rule(request: AttentionRequest, settings: CoreSettings, logits_term, all_keys_at_once: bool):
+  """The variant's WeightsRule in blocks (its own blockwise form), the terms per block as for the softmax."""
+  positions = request.positions
+  if positions.hooks.needs_weights():
+    raise ValueError(f'position.kind: a values term with the weights of {request.weights_rule.name}; valid: one '
+                     'or the other')
+  query_BxHxLqxK = jnp.transpose(request.query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32) * request.scale
+  key_BxHxLkxK = jnp.transpose(request.key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32)
+  value_BxHxLkxV = jnp.transpose(request.value_BxLkxHxV, (0, 2, 1, 3))
+  query = request.query_BxLqxHxK
+  output_BxHxLqxV = request.weights_rule.blockwise(
+      query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV,
+      jnp.ones((1, 1, 1, 1), bool) if request.mask.mask is None else request.mask.mask,
+      positions.q_positions_BxLq, positions.k_positions_BxLk,
+      lambda q_slice, k_slice: None if logits_term is None else logits_term(query[:, q_slice], q_slice, k_slice),
+      settings.block_size, None if all_keys_at_once else settings.key_block_size or None, request.mask.causal)
+  return AttentionResult(jnp.transpose(output_BxHxLqxV, (0, 2, 1, 3)).astype(request.value_BxLkxHxV.dtype))
 
 
 # One signature: core(request, settings) -> AttentionResult.

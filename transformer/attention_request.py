@@ -1,13 +1,13 @@
 """What one attention call asks of its core: the request every core in attention_core.CORES takes.
 
-A core computes softmax(Q K^T scale + term) V (+ a values term) for one call; the request carries
-everything it may read, and nothing about which core will run. A core that replaces the softmax takes
-the same request.
+A core computes softmax(Q K^T scale + term) V (+ a values term) for one call, or the weights of the
+variant's WeightsRule in place of the softmax; the request carries everything it may read, and nothing
+about which core will run.
 """
 
 import dataclasses
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import chex
 
@@ -34,6 +34,23 @@ class AttentionMask:
   def given_as_parts(self) -> bool:
     """No mask at all, or one a core may take as its parts."""
     return self.mask is None or self.in_parts
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsRule:
+  """Attention weights that are not a softmax of the logits (stick-breaking): what a variant's
+  LayerPositions.weights_rule() returns, and the two forms the cores that serve it call.
+
+  dense(logits_BxHxLqxLk, allowed, q_positions_BxLq, k_positions_BxLk) -> weights B x H x Lq x Lk, the
+    logits scaled and with the variant's term, allowed the mask (True = attend; None: every key).
+  blockwise(query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV, allowed, q_positions_BxLq, k_positions_BxLk,
+    logits_term, block_size, key_block_size, skip_future_blocks) -> output B x H x Lq x V: the same
+    weights applied to the values in blocks of queries (and keys), the queries already scaled;
+    logits_term(q_slice, k_slice) gives a block's term or None.
+  """
+  name: str
+  dense: Callable
+  blockwise: Callable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +111,11 @@ class AttentionRequest:
       return None
     return self.positions.hooks.values(weights_BxHxLqxLk, self.positions.q_positions_BxLq,
                                        self.positions.k_positions_BxLk)
+
+  @property
+  def weights_rule(self) -> Optional[WeightsRule]:
+    """The variant's rule for the weights; None: the softmax."""
+    return None if self.positions is None else self.positions.hooks.weights_rule()
 
 
 @dataclasses.dataclass(frozen=True)

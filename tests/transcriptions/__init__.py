@@ -15,6 +15,8 @@ any of:
                                                                  context.inputs the layer's input x_t of the
                                                                  row (FoX's gates)
   value(context, i, j, v_j, h) -> vector                         the value vector key j gives query i
+  weights(context, i, allowed, logits) -> weights                the weights of the keys `allowed` (j <= i in
+                                                                 a decoder) in place of their softmax
 
 With the setting ssmax (every variant's) query i of head h is multiplied by s_h log n_i, n_i the keys
 it sees, before the variant's logit (Nakanishi 2025, as the paper applies it).
@@ -76,8 +78,11 @@ def attention(kind: str, x: np.ndarray, params: dict, num_heads: int, causal: bo
           q_bh = q_bh.copy()
           q_bh[i] = q_bh[i] * float(attention_params['ssmax_scale'][h]) * math.log(len(allowed))
         row = np.array([logit(context, i, j, q_bh[i], k_bh[j], h) for j in allowed])
-        weights = np.exp(row - row.max())
-        weights /= weights.sum()
+        if hasattr(variant, 'weights'):
+          weights = variant.weights(context, i, allowed, row)
+        else:
+          weights = np.exp(row - row.max())
+          weights /= weights.sum()
         for w, j in zip(weights, allowed):
           value_vector = variant.value(context, i, j, v[b, j, h], h) if hasattr(variant, 'value') else v[b, j, h]
           output[b, i, h] += w * value_vector

@@ -2,7 +2,7 @@
 its settings and its `VARIANT`) plus one line in VARIANTS."""
 
 from transformer.positions import (alibi, cope, fire, fox, kerple, layer_pattern, learned, none, p_rope, rope, shaw,
-                                  sinusoidal, t5, transformer_xl, tupe, tupe_r, xpos)
+                                  sinusoidal, stick_breaking, t5, transformer_xl, tupe, tupe_r, xpos)
 from transformer.positions.alibi import AlibiLayer, AlibiStack, alibi_bias, alibi_slopes
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions
 from transformer.positions.composite import compose
@@ -32,6 +32,7 @@ VARIANTS: dict[str, Variant] = {
     'transformer_xl': transformer_xl.VARIANT,
     'cope': cope.VARIANT,
     'fox': fox.VARIANT,
+    'stick_breaking': stick_breaking.VARIANT,
 }
 VARIANTS['layer_pattern'] = layer_pattern.pattern_variant(VARIANTS)  # over the variants above
 

@@ -30,6 +30,8 @@ variant, and never branches on the variant's name.
                                  computes inside (flash_attention.py)
     kernel_serves()              whether such a kernel gives this layer's     + none, the rotary ones
                                  attention (no term, or kernel_term's)
+    weights_rule()               the weights from the logits when they are    stick-breaking
+                                 not a softmax (attention_request.WeightsRule)
   StackPositions.kernel_shared() parameters the layers' kernel terms read     shared T5 table
                                  that no layer owns
 
@@ -191,7 +193,12 @@ class LayerPositions(nn.Module):
   def kernel_serves(self) -> bool:
     """Whether attention with kernel_term() computed inside a kernel is this layer's attention: by
     default where the layer adds no logits or values term; a variant that writes kernel_term says so."""
-    return type(self).logits is LayerPositions.logits and not self.needs_weights()
+    return type(self).logits is LayerPositions.logits and not self.needs_weights() and self.weights_rule() is None
+
+  def weights_rule(self) -> Optional[Any]:
+    """None: the weights are softmax(logits). Otherwise an attention_request.WeightsRule (stick-breaking),
+    which the explicit and blockwise cores apply in its place and the fused ones refuse."""
+    return None
 
   def causal_band(self) -> Optional[Any]:
     """None, or an object that lets causal blockwise attention add this layer's terms on a band of

@@ -64,6 +64,12 @@ class CompositeLayer(LayerPositions):
   def needs_all_keys(self):
     return any(c.needs_all_keys() for c in self.components)
 
+  def weights_rule(self):
+    rules = [rule for rule in (c.weights_rule() for c in self.components) if rule is not None]
+    if len(rules) > 1:
+      raise ValueError(f'composed position variants ask for {len(rules)} rules for the weights; valid: at most one')
+    return rules[0] if rules else None
+
   def scale(self):
     scales = {s for s in (c.scale() for c in self.components) if s is not None}
     if len(scales) > 1:

@@ -125,6 +125,9 @@ class PatternLayer(LayerPositions):
   def kernel_serves(self):
     return self.part.kernel_serves()
 
+  def weights_rule(self):
+    return self.part.weights_rule()
+
 
 def pattern_variant(table: dict[str, Variant]) -> Variant:
   """The layer_pattern variant over the variants of `table` that have no embedding hook: its settings
