@@ -102,3 +102,20 @@ def subprocess_environment(devices: int = 1) -> dict:
   """The environment of a command a test starts: CPU only, `devices` XLA host devices, this checkout first."""
   return dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu',
               PYTHONPATH=str(ROOT))
+
+
+def fla_reference(operation: str, function: str):
+  """(torch, flash-linear-attention's naive reference `function` of fla/ops/`operation`/naive.py), loaded from
+  its file, since importing the package needs Triton; skips the test without PyTorch or fla-core."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  torch = pytest.importorskip('torch', reason="the reference needs PyTorch: pip install -e '.[peer]'")
+  pytest.importorskip('einops', reason='the reference needs einops')
+  spec = importlib.util.find_spec('fla')
+  if spec is None:
+    pytest.skip('needs flash-linear-attention\'s reference code: pip install fla-core')
+  path = pathlib.Path(spec.submodule_search_locations[0]) / 'ops' / operation / 'naive.py'
+  module_spec = importlib.util.spec_from_file_location(f'fla_{operation}_naive', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return torch, getattr(module, function)

@@ -2,16 +2,13 @@
 properties, flash-linear-attention's reference on the same numbers, the blocks run nearest first, the
 fused cores refused, and its setting checked."""
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import transformer as T
-from tests.helpers import init, tiny, tokens
+from tests.helpers import fla_reference, init, tiny, tokens
 from transformer.masks import causal_mask
 from transformer.positions import stick_breaking
 
@@ -40,24 +37,11 @@ def test_a_confident_nearest_key_takes_the_whole_stick():
   np.testing.assert_allclose(weights[0, 0], np.eye(5, k=-1), atol=1e-6)
 
 
-def _fla_naive():
-  """flash-linear-attention's naive_stickbreaking_attn, loaded from its file (the package imports Triton)."""
-  torch = pytest.importorskip('torch', reason="the reference needs PyTorch: pip install -e '.[peer]'")
-  spec = importlib.util.find_spec('fla')
-  if spec is None:
-    pytest.skip('needs flash-linear-attention: pip install fla-core')
-  path = pathlib.Path(spec.submodule_search_locations[0]) / 'ops' / 'stickbreaking_attn' / 'naive.py'
-  module_spec = importlib.util.spec_from_file_location('fla_stickbreaking_naive', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return torch, module.naive_stickbreaking_attn
-
-
 @pytest.mark.parametrize('attend_current', [False, True])
 def test_outputs_are_flash_linear_attentions_reference(attend_current):
   """Random q, k, v (length 40, 4 heads of 16): our explicit and blockwise cores against fla's naive
   implementation (with the `[peer]` extra and fla-core)."""
-  torch, naive = _fla_naive()
+  torch, naive = fla_reference('stickbreaking_attn', 'naive_stickbreaking_attn')
   q, k, v = (np.asarray(jax.random.normal(jax.random.PRNGKey(seed), (2, 40, 4, 16))) for seed in (1, 2, 3))
   theirs, _ = naive(*(torch.from_numpy(x.copy()) for x in (q, k, v)), scale=0.25, attend_current=attend_current)
   positions = jnp.arange(40)[None]

@@ -1,8 +1,8 @@
 """Every positional encoding, behind the interface of `base.py`. A variant is one file (its hooks,
 its settings and its `VARIANT`) plus one line in VARIANTS."""
 
-from transformer.positions import (alibi, cope, fire, fox, kerple, layer_pattern, learned, none, p_rope, rope, shaw,
-                                  sinusoidal, stick_breaking, t5, transformer_xl, tupe, tupe_r, xpos)
+from transformer.positions import (alibi, cope, fire, fox, kerple, layer_pattern, learned, none, p_rope, path, rope,
+                                  shaw, sinusoidal, stick_breaking, t5, transformer_xl, tupe, tupe_r, xpos)
 from transformer.positions.alibi import AlibiLayer, AlibiStack, alibi_bias, alibi_slopes
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions
 from transformer.positions.composite import compose
@@ -33,6 +33,7 @@ VARIANTS: dict[str, Variant] = {
     'cope': cope.VARIANT,
     'fox': fox.VARIANT,
     'stick_breaking': stick_breaking.VARIANT,
+    'path': path.VARIANT,
 }
 VARIANTS['layer_pattern'] = layer_pattern.pattern_variant(VARIANTS)  # over the variants above
 
