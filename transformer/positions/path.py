@@ -9,7 +9,8 @@ per head, w_s = the unit vector of W_w x_s (W_w of rank 32, as flash-linear-atte
 beta_s = 2 sigmoid(u . x_s + b) in (0, 2) (so H_s may flip a direction), from the layer's input x_s. A
 direct product costs O(L^2 d^2) per head (L^2 matrices); here the query is carried backwards over the
 keys instead, v <- H_s v before the key at s - 1 is read, which costs O(L^2 d): for key column j (token
-s), the logit is v_i . k_s with v_i = H_{s+1} ... H_i q_i, one d-vector per query at a time. The
+s), the logit is v_i . k_s with v_i = H_{s+1} ... H_i q_i, one d-vector per query at a time; the backward
+pass keeps the carried queries at the edges of chunks of sqrt(L) keys and recomputes inside them. The
 logits hook adds e_ij - q_i . k_j / sqrt(d) to the plain logits. Causal only; each query block of
 blockwise attention takes its keys in one block (the reflections run over all of them).
 
@@ -18,6 +19,8 @@ incremental decoding keeps them in the cache (the keys' reflections are read aga
 row that packs several documents, the reflections between a key and a query are those of their own
 document.
 """
+
+import math
 
 import chex
 import flax.linen as nn
@@ -51,8 +54,22 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
     applies_Bx1xLq = query_index_Bx1xLq >= index_B[:, None, None]
     return jnp.where(applies_Bx1xLq[..., None], reflected, carried_BxHxLqxK), logits_BxHxLq
 
-  _, logits_LkxBxHxLq = jax.lax.scan(step, query_BxHxLqxK, (key_LkxBxHxK, w_LkxBxHxK, beta_LkxBxH, index_LkxB),
-                                     reverse=True)
+  # Chunks of about sqrt(Lk) keys, each recomputed in the backward pass: the pass keeps the carried queries
+  # at the chunks' edges and inside one chunk at a time (2 sqrt(Lk) copies instead of Lk). Padding keys
+  # at the front reflect nothing (beta 0) and their logits are dropped.
+  length_k = key_BxLkxHxK.shape[1]
+  chunk = max(1, math.isqrt(length_k - 1) + 1)
+  padding = -length_k % chunk
+  columns = tuple(jnp.pad(x, [(padding, 0)] + [(0, 0)] * (x.ndim - 1), constant_values=-1 if x is index_LkxB else 0)
+                  for x in (key_LkxBxHxK, w_LkxBxHxK, beta_LkxBxH, index_LkxB))
+  columns = tuple(x.reshape(-1, chunk, *x.shape[1:]) for x in columns)
+
+  @jax.checkpoint
+  def one_chunk(carried_BxHxLqxK, chunk_columns):
+    return jax.lax.scan(step, carried_BxHxLqxK, chunk_columns, reverse=True)
+
+  _, logits_NxCxBxHxLq = jax.lax.scan(one_chunk, query_BxHxLqxK, columns, reverse=True)
+  logits_LkxBxHxLq = logits_NxCxBxHxLq.reshape(-1, *logits_NxCxBxHxLq.shape[2:])[padding:]
   return jnp.transpose(logits_LkxBxHxLq, (1, 2, 3, 0))
 
 
