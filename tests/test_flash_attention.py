@@ -10,7 +10,7 @@ import pytest
 
 from transformer.attention import scaled_dot_product_attention
 from transformer.flash_attention import KernelTerm, flash_attention
-from transformer.positions import alibi, kerple, t5
+from transformer.positions import alibi, fox, kerple, t5
 
 HEADS = 3
 
@@ -104,6 +104,42 @@ def test_the_kernel_equals_dense_attention_forward_and_gradients(kind, causal, l
       continue
     scale = max(1.0, float(jnp.max(jnp.abs(expected))))  # parameter gradients sum over B x Lq x Lk
     np.testing.assert_allclose(got, expected, atol=1e-5 * scale, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize('causal, length_q, length_k', [(True, 21, 21), (True, 5, 19)])
+def test_a_term_of_per_token_data_equals_dense_attention_and_gets_its_gradients(causal, length_q, length_k):
+  """A term of a number per (batch, head, query) and per key, a_i b_j + b_j (FoX's c_i - c_j would leave a_i
+  no gradient: a row's shift cancels in the softmax): outputs and the gradients of q, k, v and both data
+  arrays equal dense attention with the bias formed (padding in the second row)."""
+  query, key, value = _inputs(length_q, length_k, jnp.float32)
+  key_valid = jnp.asarray(np.arange(length_k)[None] < np.array([[length_k], [length_k - 4]]))
+  rng = np.random.default_rng(2)
+  q_data, k_data = (jnp.asarray(rng.normal(size=(2, HEADS, n)), jnp.float32) for n in (length_q, length_k))
+
+  def kernel_loss(query, key, value, q_data, k_data):
+    term = KernelTerm(lambda p, q, k, a_bqx1, b_1xbk: a_bqx1 * b_1xbk + b_1xbk, jnp.zeros((HEADS, 1)),
+                      q_data_BxHxLq=q_data, k_data_BxHxLk=k_data)
+    out = flash_attention(query, key, value, causal=causal, key_valid_BxLk=key_valid, term=term, block_q=8, block_k=8)
+    return jnp.sum(jnp.sin(out))
+
+  def dense_loss(query, key, value, q_data, k_data):
+    bias = q_data[..., :, None] * k_data[..., None, :] + k_data[..., None, :]
+    return jnp.sum(jnp.sin(_dense_attention(query, key, value, bias, causal, key_valid)))
+
+  arguments = (query, key, value, q_data, k_data)
+  kernel_value, kernel_grads = jax.jit(jax.value_and_grad(kernel_loss, argnums=(0, 1, 2, 3, 4)))(*arguments)
+  dense_value, dense_grads = jax.jit(jax.value_and_grad(dense_loss, argnums=(0, 1, 2, 3, 4)))(*arguments)
+  np.testing.assert_allclose(kernel_value, dense_value, rtol=1e-5)
+  for name, got, expected in zip(('query', 'key', 'value', 'q_data', 'k_data'), kernel_grads, dense_grads):
+    assert float(jnp.max(jnp.abs(expected))) > 1e-3, name  # a gradient that is there to compare
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4, err_msg=name)
+
+
+def test_per_token_data_comes_for_queries_and_keys_together():
+  query, key, value = _inputs(4, 4, jnp.float32)
+  term = KernelTerm(fox.fox_kernel_bias, jnp.zeros((HEADS, 1)), q_data_BxHxLq=jnp.zeros((2, HEADS, 4)))
+  with pytest.raises(ValueError, match='q_data_BxHxLq and k_data_BxHxLk come together; valid: both or neither'):
+    flash_attention(query, key, value, term=term)
 
 
 @pytest.mark.slow

@@ -18,8 +18,8 @@ from tests.helpers import init, random_positions, tiny, tokens
 FAST = ('alibi', 't5', 'rope')  # the fast tier's; the others under -m slow
 SERVED = [pytest.param(kind, marks=() if kind in FAST else pytest.mark.slow)
           for kind in ('none', 'sinusoidal', 'learned', 'rope', 'p_rope', 'xpos', 'alibi', 't5', 'kerple_log',
-                       'kerple_power', 'layer_pattern')]
-NOT_SERVED = ['shaw', 'tupe_a', 'tupe_r', 'fire', 'cope', 'transformer_xl']
+                       'kerple_power', 'fox', 'layer_pattern')]
+NOT_SERVED = ['shaw', 'tupe_a', 'tupe_r', 'fire', 'cope', 'transformer_xl', 'stick_breaking', 'path']
 
 
 def _assert_gradients_close(got, expected):
@@ -74,8 +74,9 @@ def test_an_encoder_decoder_with_the_kernel_gives_the_explicit_logits(kind):
 @pytest.mark.parametrize('kind', NOT_SERVED)
 def test_a_variant_the_kernel_does_not_serve_is_refused_naming_the_field(kind):
   model = T.DecoderOnly(tiny(kind, attention_implementation='pallas'))
-  reason = "a values term such as Shaw's" if kind == 'shaw' else (
-      "the positional variant's term is not one the kernel computes")
+  reason = {'shaw': "a values term such as Shaw's",
+            'stick_breaking': "the positional variant's weights are not a softmax"}.get(
+                kind, "the positional variant's term is not one the kernel computes")
   with pytest.raises(ValueError, match=r"model.attention_implementation: got 'pallas', but ") as error:
     init(model, tokens(2, 5))
   assert reason in str(error.value)
@@ -130,7 +131,7 @@ KERNEL_CALL = {'cuda': '__gpu$xla.gpu.triton', 'tpu': 'tpu_custom_call'}
 @pytest.mark.slow
 @pytest.mark.parametrize('platform, backend', [('cuda', 'gpu'), ('tpu', 'tpu')])
 @pytest.mark.parametrize('kind', ['t5', pytest.param('alibi', marks=pytest.mark.slow),
-                                  pytest.param('kerple_log', marks=pytest.mark.slow), 'rope'])
+                                  pytest.param('kerple_log', marks=pytest.mark.slow), 'rope', 'fox'])
 def test_the_training_step_lowers_with_the_kernels_and_no_full_position_term(kind, platform, backend, monkeypatch):
   """Per layer a forward kernel and two backward kernels (dK dV with the term's gradient, dQ): 2 layers,
   6 calls; and no array of L x L elements anywhere (no term, no mask, no weights)."""

@@ -16,8 +16,9 @@ the explicit core applies to the logits and the blockwise core runs in its own b
              in bfloat16 or float16, for variants that add no logits term (none, the rotary ones, the
              embedding ones), never forming weights.
   pallas     flash_attention.py: a Pallas flash attention kernel that computes the variant's term inside
-             from positions and head (its kernel_term: ALiBi, T5, KERPLE) or adds none; Triton on GPUs,
-             Mosaic on TPUs, Pallas' interpreter elsewhere (slow: for tests). The mask must be the
+             from positions and head (its kernel_term: ALiBi, T5, KERPLE; FoX from a number per token)
+             or adds none; Triton on GPUs, Mosaic on TPUs, Pallas' interpreter elsewhere (slow: for
+             tests). The mask must be the
              causal mask and the keys' padding, given as such (not a cached decoding step's).
 
 'auto' (model.attention_implementation's default) takes the first row of this table that holds for the
@@ -182,7 +183,7 @@ def pallas(request: AttentionRequest, settings: CoreSettings) -> AttentionResult
       causal=mask.causal and mask.in_parts, key_valid_BxLk=mask.key_valid_BxLk if mask.in_parts else None,
       q_positions_BxLq=None if positions is None else positions.q_positions_BxLq,
       k_positions_BxLk=None if positions is None else positions.k_positions_BxLk,
-      term=None if positions is None else positions.hooks.kernel_term(positions.kernel_shared),
+      term=None if positions is None else positions.hooks.kernel_term(positions.kernel_shared, positions.shared),
       scale=request.scale, block_q=settings.block_size or 128,
       block_k=settings.key_block_size or settings.block_size or 128,
       platform=kernel_platform(settings.backend)))

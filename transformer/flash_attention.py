@@ -7,9 +7,11 @@ block by block: bq queries at a time, looping over blocks of bk keys with an onl
 (FlashAttention, Dao et al. 2022), so neither the weights nor the position term ever exists at
 B x H x Lq x Lk. The term t_h is a KernelTerm: a function of one head's few parameters and the
 positions of the block's queries and keys, evaluated inside the kernel (the idea of PyTorch's
-FlexAttention score_mod). Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each
+FlexAttention score_mod); it may also read one number per (batch, head, token) of the queries and of
+the keys (FoX's cumulative log forget gates c_i and c_j), differentiably. Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each
 row's log-sum-exp; one kernel per key block accumulates dK, dV and the term's parameter gradient
-(the vjp of the term on each block, traced inside the kernel), one per query block accumulates dQ.
+(the vjp of the term on each block, traced inside the kernel) and the keys' data gradient, one per query
+block accumulates dQ and the queries' data gradient.
 
 platform: 'interpret' runs the kernels in Pallas' interpreter (any backend, what the tests use);
 'gpu' compiles them with Triton, 'tpu' with Mosaic.
@@ -36,9 +38,12 @@ class KernelTerm:
   function(parameters, q_positions_bqx1, k_positions_1xbk) -> bq x bk float32, where parameters is a
   list of A arrays of shape 1 x 1 (head h's row of parameters_HxA) and positions are float32. It must
   use elementwise jax.numpy only, so that it lowers inside a kernel, and be differentiable in the
-  parameters."""
+  parameters. With q_data_BxHxLq and k_data_BxHxLk (both or neither), it takes two more arguments, the
+  block's q_data_bqx1 and k_data_1xbk, and must be differentiable in them too."""
   function: Callable
   parameters_HxA: chex.Array
+  q_data_BxHxLq: Optional[chex.Array] = None  # a number per query the term reads (FoX's c_i)
+  k_data_BxHxLk: Optional[chex.Array] = None  # a number per key the term reads (FoX's c_j)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -68,18 +73,26 @@ class _Static:
   function: Optional[Callable]
   num_parameters: int
   platform: str
+  uses_data: bool = False      # the term reads the queries' and keys' data
 
 
 def _parameters(params_ref, static: _Static):
   return [params_ref[:, pl.ds(index, 1)] for index in range(static.num_parameters)]
 
 
+def _term(static: _Static, parameters, q_positions_bqx1, k_positions_1xbk, q_data_bqx1, k_data_1xbk):
+  """The term on one block, bq x bk."""
+  if static.uses_data:
+    return static.function(parameters, q_positions_bqx1, k_positions_1xbk, q_data_bqx1, k_data_1xbk)
+  return static.function(parameters, q_positions_bqx1, k_positions_1xbk)
+
+
 def _logits(static: _Static, parameters, q_block, k_block, q_positions_bqx1, k_positions_1xbk, k_valid_1xbk,
-            q_index_bqx1, k_index_1xbk):
+            q_index_bqx1, k_index_1xbk, q_data_bqx1, k_data_1xbk):
   """Scaled logits with the term, the mask of the keys each query may see, both bq x bk."""
   logits = _dot(q_block, k_block, 1, 1) * static.scale
   if static.function is not None:
-    logits = logits + static.function(parameters, q_positions_bqx1, k_positions_1xbk)
+    logits = logits + _term(static, parameters, q_positions_bqx1, k_positions_1xbk, q_data_bqx1, k_data_1xbk)
   allowed = k_valid_1xbk > 0
   if static.causal:
     allowed = jnp.logical_and(allowed, k_index_1xbk <= q_index_bqx1 + static.causal_offset)
@@ -102,12 +115,12 @@ def _first_query_block_seeing(static: _Static, key_block):
 
 
 def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, k_positions_ref, k_valid_ref, params_ref,
-                    out_ref, logsumexp_ref):
+                    q_data_ref, k_data_ref, out_ref, logsumexp_ref):
   block_q, block_k = static.block_q, static.block_k
   query_block = pl.program_id(2)
   num_key_blocks = k_ref.shape[0] // block_k
   q_block = q_ref[...]
-  q_positions = q_positions_ref[...]
+  q_positions, q_data = q_positions_ref[...], q_data_ref[...]
   q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
   parameters = _parameters(params_ref, static)
 
@@ -116,7 +129,7 @@ def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, k_pos
     keys = pl.ds(key_block * block_k, block_k)
     k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
     logits, allowed = _logits(static, parameters, q_block, k_ref[keys, :], q_positions, k_positions_ref[:, keys],
-                              k_valid_ref[:, keys], q_index, k_index)
+                              k_valid_ref[:, keys], q_index, k_index, q_data, k_data_ref[:, keys])
     new_max = jnp.maximum(running_max, jnp.max(logits, axis=1, keepdims=True))
     weights = jnp.where(allowed, jnp.exp(logits - new_max), 0.0)
     correction = jnp.exp(running_max - new_max)
@@ -134,19 +147,18 @@ def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, k_pos
   logsumexp_ref[...] = jnp.where(seen, running_max + jnp.log(jnp.where(seen, normaliser, 1.0)), 0.0)
 
 
-def _term_and_gradient(static: _Static, parameters, q_positions, k_positions, d_logits, gradients):
-  """The parameter gradients plus the vjp of the term on this block."""
-  if static.function is None:
-    return gradients
-  _, vjp = jax.vjp(lambda p: static.function(p, q_positions, k_positions), parameters)
-  return [total + part for total, part in zip(gradients, vjp(d_logits)[0])]
+def _term_vjp(static: _Static, parameters, q_positions, k_positions, q_data, k_data, d_logits):
+  """The vjp of the term on this block: (parameter gradients, the queries' data gradient bq x 1, the keys'
+  1 x bk)."""
+  _, vjp = jax.vjp(lambda p, qd, kd: _term(static, p, q_positions, k_positions, qd, kd), parameters, q_data, k_data)
+  return vjp(d_logits)
 
 
 def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_out_block, logsumexp, delta,
-                     q_positions, k_positions, k_valid, q_index, k_index):
+                     q_positions, k_positions, k_valid, q_index, k_index, q_data, k_data):
   """The weights P and the logits' gradient dS = P (dO V^T - delta) of one query block against one key block."""
   logits, allowed = _logits(static, parameters, q_block, k_block, q_positions, k_positions, k_valid, q_index,
-                            k_index)
+                            k_index, q_data, k_data)
   weights = jnp.where(allowed, jnp.exp(logits - logsumexp), 0.0)
   d_weights = _dot(d_out_block, v_block, 1, 1)
   d_logits = weights * (d_weights - delta)
@@ -154,61 +166,74 @@ def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_o
 
 
 def _key_values_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref, delta_ref, q_positions_ref,
-                       k_positions_ref, k_valid_ref, params_ref, d_k_ref, d_v_ref, d_params_ref):
-  """dK, dV and the term's parameter gradient for one block of keys, over the query blocks that see it."""
+                       k_positions_ref, k_valid_ref, params_ref, q_data_ref, k_data_ref, d_k_ref, d_v_ref, d_params_ref,
+                       d_k_data_ref):
+  """dK, dV, the term's parameter gradient and the keys' data gradient for one block of keys, over the query
+  blocks that see it."""
   block_q, block_k = static.block_q, static.block_k
   key_block = pl.program_id(2)
   num_query_blocks = q_ref.shape[0] // block_q
   k_block, v_block = k_ref[...], v_ref[...]
-  k_positions, k_valid = k_positions_ref[...], k_valid_ref[...]
+  k_positions, k_valid, k_data = k_positions_ref[...], k_valid_ref[...], k_data_ref[...]
   k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
   parameters = _parameters(params_ref, static)
 
   def step(query_block, carry):
-    d_k, d_v, gradients = carry
+    d_k, d_v, gradients, d_k_data = carry
     queries = pl.ds(query_block * block_q, block_q)
     q_block, d_out_block = q_ref[queries, :], d_out_ref[queries, :]
-    q_positions = q_positions_ref[queries, :]
+    q_positions, q_data = q_positions_ref[queries, :], q_data_ref[queries, :]
     q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
     weights, d_logits = _block_gradients(static, parameters, q_block, k_block, v_block, d_out_block,
                                          logsumexp_ref[queries, :], delta_ref[queries, :], q_positions, k_positions,
-                                         k_valid, q_index, k_index)
+                                         k_valid, q_index, k_index, q_data, k_data)
     d_v = d_v + _dot(weights.astype(d_out_block.dtype), d_out_block, 0, 0)
     d_k = d_k + _dot(d_logits.astype(q_block.dtype), q_block, 0, 0) * static.scale
-    return d_k, d_v, _term_and_gradient(static, parameters, q_positions, k_positions, d_logits, gradients)
+    if static.function is not None:
+      d_parameters, _, d_data = _term_vjp(static, parameters, q_positions, k_positions, q_data, k_data, d_logits)
+      gradients = [total + part for total, part in zip(gradients, d_parameters)]
+      d_k_data = d_k_data + d_data
+    return d_k, d_v, gradients, d_k_data
 
   start = (jnp.zeros(k_block.shape, jnp.float32), jnp.zeros(v_block.shape, jnp.float32),
-           [jnp.zeros((1, 1), jnp.float32) for _ in range(static.num_parameters)])
-  d_k, d_v, gradients = jax.lax.fori_loop(_first_query_block_seeing(static, key_block), num_query_blocks, step, start)
+           [jnp.zeros((1, 1), jnp.float32) for _ in range(static.num_parameters)], jnp.zeros((1, block_k), jnp.float32))
+  d_k, d_v, gradients, d_k_data = jax.lax.fori_loop(_first_query_block_seeing(static, key_block), num_query_blocks,
+                                                    step, start)
   d_k_ref[...] = d_k.astype(d_k_ref.dtype)
   d_v_ref[...] = d_v.astype(d_v_ref.dtype)
   for index, gradient in enumerate(gradients):
     d_params_ref[:, pl.ds(index, 1)] = gradient
+  d_k_data_ref[...] = d_k_data
 
 
 def _query_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref, delta_ref, q_positions_ref,
-                  k_positions_ref, k_valid_ref, params_ref, d_q_ref):
-  """dQ for one block of queries, over the key blocks it sees."""
+                  k_positions_ref, k_valid_ref, params_ref, q_data_ref, k_data_ref, d_q_ref, d_q_data_ref):
+  """dQ and the queries' data gradient for one block of queries, over the key blocks it sees."""
   block_q, block_k = static.block_q, static.block_k
   query_block = pl.program_id(2)
   num_key_blocks = k_ref.shape[0] // block_k
   q_block, d_out_block = q_ref[...], d_out_ref[...]
   logsumexp, delta, q_positions = logsumexp_ref[...], delta_ref[...], q_positions_ref[...]
+  q_data = q_data_ref[...]
   q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
   parameters = _parameters(params_ref, static)
 
-  def step(key_block, d_q):
+  def step(key_block, carry):
+    d_q, d_q_data = carry
     keys = pl.ds(key_block * block_k, block_k)
-    k_block = k_ref[keys, :]
+    k_block, k_positions, k_data = k_ref[keys, :], k_positions_ref[:, keys], k_data_ref[:, keys]
     k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
     _, d_logits = _block_gradients(static, parameters, q_block, k_block, v_ref[keys, :], d_out_block, logsumexp,
-                                   delta, q_positions, k_positions_ref[:, keys], k_valid_ref[:, keys], q_index,
-                                   k_index)
-    return d_q + _dot(d_logits.astype(k_block.dtype), k_block, 1, 0) * static.scale
+                                   delta, q_positions, k_positions, k_valid_ref[:, keys], q_index, k_index, q_data,
+                                   k_data)
+    if static.uses_data:
+      d_q_data = d_q_data + _term_vjp(static, parameters, q_positions, k_positions, q_data, k_data, d_logits)[1]
+    return d_q + _dot(d_logits.astype(k_block.dtype), k_block, 1, 0) * static.scale, d_q_data
 
-  d_q = jax.lax.fori_loop(0, _key_blocks_seen(static, query_block, num_key_blocks), step,
-                          jnp.zeros(q_block.shape, jnp.float32))
+  d_q, d_q_data = jax.lax.fori_loop(0, _key_blocks_seen(static, query_block, num_key_blocks), step,
+                                    (jnp.zeros(q_block.shape, jnp.float32), jnp.zeros((block_q, 1), jnp.float32)))
   d_q_ref[...] = d_q.astype(d_q_ref.dtype)
+  d_q_data_ref[...] = d_q_data
 
 
 def _compiler_params(platform: str, semantics: tuple):
@@ -240,78 +265,90 @@ def _rows(block: int, width: int):
   return pl.BlockSpec((None, None, block, width), lambda b, h, i: (b, h, i, 0))
 
 
+def _key_columns(block: int):
+  """One block of a B x H x 1 x Lk line of the keys (their data, its gradient)."""
+  return pl.BlockSpec((None, None, 1, block), lambda b, h, i: (b, h, 0, i))
+
+
 def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, value_dim: int, num_parameters: int,
                   by: str):
-  """Specs for q, k, v, the query positions, a line of keys (positions, validity) and the parameters: one
-  block of the axis the grid walks (by='query' or 'key'), the whole of the other."""
+  """Specs for q, k, v, the query positions, a line of keys (positions, validity), the parameters, and the
+  queries' and keys' data: one block of the axis the grid walks (by='query' or 'key'), the whole of the other."""
   q_rows = _rows(static.block_q, head_dim) if by == 'query' else _whole(length_q, head_dim)
   k_rows = _rows(static.block_k, head_dim) if by == 'key' else _whole(length_k, head_dim)
   v_rows = _rows(static.block_k, value_dim) if by == 'key' else _whole(length_k, value_dim)
   if by == 'query':
     q_positions = pl.BlockSpec((None, static.block_q, 1), lambda b, h, i: (b, i, 0))
     k_line = pl.BlockSpec((None, 1, length_k), lambda b, h, i: (b, 0, 0))
+    q_data = _rows(static.block_q, 1)
+    k_data = pl.BlockSpec((None, None, 1, length_k), lambda b, h, i: (b, h, 0, 0))
   else:
     q_positions = pl.BlockSpec((None, length_q, 1), lambda b, h, i: (b, 0, 0))
     k_line = pl.BlockSpec((None, 1, static.block_k), lambda b, h, i: (b, 0, i))
+    q_data = _whole(length_q, 1)
+    k_data = _key_columns(static.block_k)
   params = pl.BlockSpec((None, 1, num_parameters), lambda b, h, i: (h, 0, 0))
-  return q_rows, k_rows, v_rows, q_positions, k_line, params
+  return q_rows, k_rows, v_rows, q_positions, k_line, params, q_data, k_data
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(static: _Static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
-           k_valid_Bx1xLk, params_Hx1xA):
+           k_valid_Bx1xLk, params_Hx1xA, q_data_BxHxLqx1, k_data_BxHx1xLk):
   return _flash_forward(static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
-                        k_valid_Bx1xLk, params_Hx1xA)[0]
+                        k_valid_Bx1xLk, params_Hx1xA, q_data_BxHxLqx1, k_data_BxHx1xLk)[0]
 
 
-def _flash_forward(static: _Static, q, k, v, q_positions, k_positions, k_valid, params):
+def _flash_forward(static: _Static, q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data):
   batch, heads, length_q, head_dim = q.shape
   length_k, value_dim = k.shape[2], v.shape[3]
-  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
+  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, params.shape[-1], 'query')
   forward = _call(
       _forward_kernel, static, (batch, heads, length_q // static.block_q),
-      [q_rows, k_rows, v_rows, q_pos_spec, k_line, k_line, params_spec],
+      [q_rows, k_rows, v_rows, q_pos_spec, k_line, k_line, params_spec, q_data_spec, k_data_spec],
       [_rows(static.block_q, value_dim), _rows(static.block_q, 1)],
       [jax.ShapeDtypeStruct((batch, heads, length_q, value_dim), q.dtype),
        jax.ShapeDtypeStruct((batch, heads, length_q, 1), jnp.float32)])
-  out, logsumexp = forward(q, k, v, q_positions, k_positions, k_valid, params)
-  return out, (q, k, v, q_positions, k_positions, k_valid, params, out, logsumexp)
+  out, logsumexp = forward(q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data)
+  return out, (q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data, out, logsumexp)
 
 
 def _flash_backward(static: _Static, residuals, d_out):
-  q, k, v, q_positions, k_positions, k_valid, params, out, logsumexp = residuals
+  q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data, out, logsumexp = residuals
   batch, heads, length_q, head_dim = q.shape
   length_k, value_dim = k.shape[2], v.shape[3]
   num_parameters = params.shape[-1]
   delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
   d_out = d_out.astype(q.dtype)
   num_key_blocks = length_k // static.block_k
-  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
+  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, num_parameters, 'key')
   q_stats = _whole(length_q, 1)
   key_values = _call(
       _key_values_kernel, static, (batch, heads, num_key_blocks),
       [q_rows, k_rows, v_rows, _whole(length_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
-       params_spec],
+       params_spec, q_data_spec, k_data_spec],
       [_rows(static.block_k, head_dim), _rows(static.block_k, value_dim),
-       pl.BlockSpec((None, None, None, 1, num_parameters), lambda b, h, i: (b, h, i, 0, 0))],
+       pl.BlockSpec((None, None, None, 1, num_parameters), lambda b, h, i: (b, h, i, 0, 0)),
+       _key_columns(static.block_k)],
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-       jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32)])
-  inputs = (q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params)
-  d_k, d_v, d_params = key_values(*inputs)
-  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec = _inputs_specs(
+       jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32),
+       jax.ShapeDtypeStruct(k_data.shape, jnp.float32)])
+  inputs = (q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params, q_data, k_data)
+  d_k, d_v, d_params, d_k_data = key_values(*inputs)
+  q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, num_parameters, 'query')
   q_stats = _rows(static.block_q, 1)
   queries = _call(
       _query_kernel, static, (batch, heads, length_q // static.block_q),
       [q_rows, k_rows, v_rows, _rows(static.block_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
-       params_spec],
-      _rows(static.block_q, head_dim), jax.ShapeDtypeStruct(q.shape, q.dtype))
-  d_q = queries(*inputs)
+       params_spec, q_data_spec, k_data_spec],
+      [_rows(static.block_q, head_dim), _rows(static.block_q, 1)],
+      [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q_data.shape, jnp.float32)])
+  d_q, d_q_data = queries(*inputs)
   d_params_Hx1xA = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
   return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(k_positions), jnp.zeros_like(k_valid),
-          d_params_Hx1xA)
+          d_params_Hx1xA, d_q_data.astype(q_data.dtype), d_k_data.astype(k_data.dtype))
 
 
 _flash.defvjp(_flash_forward, _flash_backward)
@@ -358,13 +395,24 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
   else:
     chex.assert_shape(term.parameters_HxA, (heads, None))
     params_Hx1xA = term.parameters_HxA.astype(jnp.float32)[:, None, :]
+  uses_data = term is not None and term.q_data_BxHxLq is not None
+  if term is not None and (term.k_data_BxHxLk is not None) != uses_data:
+    raise ValueError('KernelTerm: q_data_BxHxLq and k_data_BxHxLk come together; valid: both or neither')
+
+  def data(given, length, padded):  # B x H x L' float32, zeros without data
+    if not uses_data:
+      return jnp.zeros((batch, heads, padded), jnp.float32)
+    chex.assert_shape(given, (batch, heads, length))
+    return _pad_to(given.astype(jnp.float32), 2, padded)
   static = _Static(block_q, block_k, causal, length_k - length_q, scale, None if term is None else term.function,
-                   params_Hx1xA.shape[-1], platform)
+                   params_Hx1xA.shape[-1], platform, uses_data)
   out_BxHxLqxV = _flash(static, heads_first(query_BxLqxHxK, padded_q, width),
                         heads_first(key_BxLkxHxK, padded_k, width), heads_first(value_BxLkxHxV, padded_k, value_width),
                         positions(q_positions_BxLq, length_q, padded_q)[:, :, None],
                         positions(k_positions_BxLk, length_k, padded_k)[:, None, :],
-                        _pad_to(key_valid, 1, padded_k)[:, None, :], params_Hx1xA)
+                        _pad_to(key_valid, 1, padded_k)[:, None, :], params_Hx1xA,
+                        data(None if term is None else term.q_data_BxHxLq, length_q, padded_q)[..., None],
+                        data(None if term is None else term.k_data_BxHxLk, length_k, padded_k)[:, :, None, :])
   out_BxLqxHxV = jnp.transpose(out_BxHxLqxV[:, :, :length_q, :value_dim], (0, 2, 1, 3))
   chex.assert_shape(out_BxLqxHxV, (batch, length_q, heads, value_dim))
   return out_BxLqxHxV

@@ -61,7 +61,7 @@ class AlibiLayer(LayerPositions):
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     return shared
 
-  def kernel_term(self, kernel_shared):
+  def kernel_term(self, kernel_shared, shared=None):
     return alibi_kernel_term(self.num_heads, self.causal)
 
   def kernel_serves(self):

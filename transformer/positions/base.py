@@ -25,9 +25,10 @@ variant, and never branches on the variant's name.
     scale()                      the logit scale (None: 1/sqrt(head_dim))    TUPE: 1/sqrt(2d)
     causal_band()                an object whose terms blockwise causal      Shaw
                                  attention may use on a band of keys only
-    kernel_term(kernel_shared)   logits() as a function of positions and a   ALiBi, T5, KERPLE
-                                 few numbers per head, which a fused kernel
-                                 computes inside (flash_attention.py)
+    kernel_term(kernel_shared,   logits() as a function of positions and a   ALiBi, T5, KERPLE,
+      shared)                    few numbers per head (and per token), which FoX
+                                 a fused kernel computes inside
+                                 (flash_attention.py)
     kernel_serves()              whether such a kernel gives this layer's     + none, the rotary ones
                                  attention (no term, or kernel_term's)
     weights_rule()               the weights from the logits when they are    stick-breaking
@@ -184,10 +185,12 @@ class LayerPositions(nn.Module):
     blockwise attention then gives each query block its keys in one block, never in key blocks."""
     return False
 
-  def kernel_term(self, kernel_shared: Shared) -> Optional[KernelTerm]:
+  def kernel_term(self, kernel_shared: Shared, shared: Shared = None) -> Optional[KernelTerm]:
     """logits() as a KernelTerm (a function of one head's parameters and the positions of a block of
-    queries and keys) for a kernel that computes it inside; None when the layer adds no term."""
-    del kernel_shared
+    queries and keys, and of a number per query and key: FoX's) for a kernel that computes it inside;
+    None when the layer adds no term. shared: what from_inputs returned (the stack's terms are not computed
+    for a kernel)."""
+    del kernel_shared, shared
     return None
 
   def kernel_serves(self) -> bool:

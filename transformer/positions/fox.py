@@ -15,6 +15,8 @@ T_h log-spaced from the minimum to the maximum over the heads, b_h = -log(exp(1/
 The term depends on the content through c, one number per head and token: from_inputs computes c for
 the queries and the keys (B x H x Lq x 1 and B x H x 1 x Lk, which blocks slice like any shared term);
 incremental decoding keeps every fed token's log f_t in the cache, so a step's c continues the sums.
+The Pallas kernel computes c_i - c_j inside from the two (its per-token data), as it computes ALiBi's
+term, so the B x H x L x L bias is never formed.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.flash_attention import KernelTerm
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 
 
@@ -54,6 +57,12 @@ def forget_cumulative(log_forget_BxLxH: chex.Array) -> chex.Array:
   return jnp.transpose(jnp.cumsum(log_forget_BxLxH.astype(jnp.float32), axis=1), (0, 2, 1))
 
 
+def fox_kernel_bias(parameters, q_positions_bqx1, k_positions_1xbk, cumulative_q_bqx1, cumulative_k_1xbk):
+  """c_i - c_j on one block of a kernel (no parameters, no positions)."""
+  del parameters, q_positions_bqx1, k_positions_1xbk
+  return cumulative_q_bqx1 - cumulative_k_1xbk
+
+
 class FoxLayer(LayerPositions):
   """Owns this layer's forget gate (w_h, b_h per head) and adds c_i - c_j to the logits."""
 
@@ -79,6 +88,15 @@ class FoxLayer(LayerPositions):
         return cumulative_q_BxHxLq[..., None], cumulative_k_BxHxLk[:, :, None, :]
     cumulative_BxHxL = forget_cumulative(log_forget_BxLqxH)
     return cumulative_BxHxL[..., None], cumulative_BxHxL[:, :, None, :]
+
+  def kernel_term(self, kernel_shared, shared=None):
+    """c_i - c_j inside the kernel, from the cumulative sums of each query and key (the kernel's data)."""
+    cumulative_q_BxHxLqx1, cumulative_k_BxHx1xLk = shared
+    return KernelTerm(fox_kernel_bias, jnp.zeros((self.num_heads, 1), jnp.float32),
+                      q_data_BxHxLq=cumulative_q_BxHxLqx1[..., 0], k_data_BxHxLk=cumulative_k_BxHx1xLk[:, :, 0, :])
+
+  def kernel_serves(self):
+    return True
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     """c_i - c_j = sum_{t=j+1..i} log f_t (for keys j <= i; later ones are masked): B x H x Lq x Lk."""

@@ -85,7 +85,7 @@ class _KerpleLayer(LayerPositions):
     return type(self).elementwise(r1_H[:, None, None], r2_H[:, None, None],
                                   kerple_distance(q_positions_BxLq, k_positions_BxLk, self.causal))
 
-  def kernel_term(self, kernel_shared):
+  def kernel_term(self, kernel_shared, shared=None):
     causal, elementwise = self.causal, type(self).elementwise
 
     def bias(parameters, q_positions_bqx1, k_positions_1xbk):

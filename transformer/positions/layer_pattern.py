@@ -119,8 +119,8 @@ class PatternLayer(LayerPositions):
   def causal_band(self):
     return self.part.causal_band()
 
-  def kernel_term(self, kernel_shared):
-    return self.part.kernel_term(kernel_shared[self.kind])
+  def kernel_term(self, kernel_shared, shared=None):
+    return self.part.kernel_term(kernel_shared[self.kind], None if shared is None else shared[self.kind])
 
   def kernel_serves(self):
     return self.part.kernel_serves()

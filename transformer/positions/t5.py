@@ -150,7 +150,7 @@ class T5Layer(LayerPositions):
       return shared
     return _bias(self, self.table, q_positions_BxLq, k_positions_BxLk)
 
-  def kernel_term(self, kernel_shared):
+  def kernel_term(self, kernel_shared, shared=None):
     table = kernel_shared if self.settings.shared_across_layers else self.table
     return t5_kernel_term(table, bidirectional=not self.causal, max_distance=self.settings.max_distance)
 
