@@ -23,15 +23,16 @@ def test_model_flops_follow_the_palm_formula():
 def test_benchmark_prints_a_table_and_writes_json(tmp_path):
   output = tmp_path / 'bench.json'
   result = subprocess.run(
-      [sys.executable, '-m', 'experiments.benchmark', '--positions=alibi', '--lengths=16', '--steps=2', '--warmup=1',
-       '--model_dim=32', '--feed_forward_dim=64', '--num_layers=1', '--batch_size=2', f'--json={output}'],
+      [sys.executable, '-m', 'experiments.benchmark', '--positions=alibi,rope+ssmax', '--lengths=16', '--steps=2',
+       '--warmup=1', '--model_dim=32', '--feed_forward_dim=64', '--num_layers=1', '--batch_size=2', f'--json={output}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "matmul peak (float32, measured in each row's process after its steps)" in result.stdout
-  assert '\nalibi ' in result.stdout
+  assert '\nalibi ' in result.stdout and '\nrope+ssmax ' in result.stdout
   report = json.loads(output.read_text())
-  row, = report['rows']
+  row, with_ssmax = report['rows']
+  assert with_ssmax['variant'] == 'rope+ssmax' and with_ssmax['parameters'] == row['parameters'] + 4  # s_h per head
   assert row['matmul_peak_flops'] > 0
   assert row['model_flops_utilisation'] == row['model_flops_per_second'] / row['matmul_peak_flops']
   assert row['variant'] == 'alibi' and row['length'] == 16

@@ -33,7 +33,8 @@ from experiments.shared import cli
 from experiments.benchmarks.flops import matmul_peak, model_flops_per_step
 from transformer.attention_core import IMPLEMENTATIONS
 
-_POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants.")
+_POSITIONS = flags.DEFINE_string('positions', 'all', "'all' or a comma-separated list of variants; KIND+ssmax is "
+                                  'the variant with scalable softmax (model.position.ssmax).')
 _LENGTHS = flags.DEFINE_string('lengths', '256,1024', 'Comma-separated sequence lengths.')
 _BATCH = flags.DEFINE_integer('batch_size', 16, 'Sequences per step.', lower_bound=1)
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps per row.', lower_bound=1)
@@ -71,9 +72,11 @@ def run_row(variant: str, length: int) -> dict:
   import optax  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
   def _position(variant, length):
-    """The variant at its defaults, a learned table long enough for `length`."""
-    long_enough = transformer.VARIANTS[variant].own_settings({'max_length': max(length, 512)})
-    return transformer.PositionConfig(variant, **long_enough)
+    """The variant at its defaults (with scalable softmax for KIND+ssmax), a learned table long enough for
+    `length`."""
+    kind, _, ssmax = variant.partition('+')
+    long_enough = transformer.VARIANTS[kind].own_settings({'max_length': max(length, 512)})
+    return transformer.PositionConfig(kind, ssmax=ssmax == 'ssmax', **long_enough)
 
   config = transformer.ModelConfig(
       vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value,
@@ -175,9 +178,11 @@ def _checked_flags() -> tuple[list, list]:
   """The variants and lengths of the sweep, after every refusal of the flags."""
   import transformer  # pylint: disable=g-import-not-at-top
   variants = list(transformer.VARIANTS) if _POSITIONS.value == 'all' else _POSITIONS.value.split(',')
-  unknown = [v for v in variants if v not in transformer.VARIANTS]
+  unknown = [v for v in variants if v.partition('+')[0] not in transformer.VARIANTS or v.partition('+')[2] not in (
+      '', 'ssmax')]
   if unknown:
-    cli.fail(f'--positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}')
+    cli.fail(f'--positions: got {unknown}; valid: all, or some of {", ".join(transformer.VARIANTS)}, each alone or '
+             'as KIND+ssmax')
   try:
     lengths = [int(n) for n in _LENGTHS.value.split(',')]
   except ValueError:
@@ -216,7 +221,7 @@ def _measure(variant: str, length: int, peer_setting: str | None = None) -> dict
 
 def _print_table(rows: list, peer_rows: list) -> None:
   """The table of our rows, each step time also as a ratio to none's at that length."""
-  header = (f'{"variant":<11} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
+  header = (f'{"variant":<16} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
             f'{"MFU":>6} {"of GFLOP/s":>10} {"vs none":>7} {"peak MiB":>9}')
   peaks = [r['matmul_peak_flops'] for r in rows + peer_rows if 'error' not in r]
   measured = 'stated (--peak_flops)' if _PEAK.value else 'measured in each row\'s process after its steps'
@@ -230,10 +235,10 @@ def _print_table(rows: list, peer_rows: list) -> None:
   baseline = {r['length']: r['step_seconds_median'] for r in rows if r.get('variant') == 'none' and 'error' not in r}
   for row in rows:
     if 'error' in row:
-      print(f'{row["variant"]:<11} {row["length"]:>6} failed: {row["error"]}')
+      print(f'{row["variant"]:<16} {row["length"]:>6} failed: {row["error"]}')
       continue
     ratio = row['step_seconds_median'] / baseline[row['length']] if row['length'] in baseline else float('nan')
-    print(f'{row["variant"]:<11} {row["length"]:>6} {row["compile_seconds"]:>9.1f} '
+    print(f'{row["variant"]:<16} {row["length"]:>6} {row["compile_seconds"]:>9.1f} '
           f'{1e3 * row["step_seconds_median"]:>8.1f} ({1e3 * row["step_seconds_min"]:.0f}-'
           f'{1e3 * row["step_seconds_max"]:.0f}) {row["tokens_per_second"]:>9.0f} '
           f'{100 * row["model_flops_utilisation"]:>5.1f}% {row["matmul_peak_flops"] / 1e9:>10.1f} {ratio:>6.2f}x '
@@ -243,7 +248,7 @@ def _print_table(rows: list, peer_rows: list) -> None:
 def print_peer_table(rows: list, peer_rows: list) -> None:
   """Ours against x-transformers at its fastest setting for the same variant and length."""
   print('\nagainst x-transformers (same config, same run; each MFU against the peak measured beside its row)')
-  print(f'{"variant":<11} {"length":>6} {"ours tok/s":>10} {"theirs tok/s":>12} {"fused tok/s":>11} '
+  print(f'{"variant":<16} {"length":>6} {"ours tok/s":>10} {"theirs tok/s":>12} {"fused tok/s":>11} '
         f'{"their MFU":>9} {"ours / best":>11}')
   for row in rows:
     theirs = [r for r in peer_rows if (r['variant'], r['length']) == (row['variant'], row['length'])]
@@ -260,11 +265,11 @@ def print_peer_table(rows: list, peer_rows: list) -> None:
 
     ratio = f'{ours / best["tokens_per_second"]:>10.2f}x' if ours and best else f'{"-":>11}'
     their_mfu = f'{100 * best["model_flops_utilisation"]:>8.1f}%' if best else f'{"-":>9}'
-    print(f'{row["variant"]:<11} {row["length"]:>6} {cell(row if ours else None, 10)} {cell(unfused, 12)} '
+    print(f'{row["variant"]:<16} {row["length"]:>6} {cell(row if ours else None, 10)} {cell(unfused, 12)} '
           f'{cell(fused, 11)} {their_mfu} {ratio}')
   for r in peer_rows:
     if 'error' in r:
-      print(f'{r["variant"]:<11} {r["length"]:>6} {r["implementation"]} failed: {r["error"]}')
+      print(f'{r["variant"]:<16} {r["length"]:>6} {r["implementation"]} failed: {r["error"]}')
   from experiments.benchmarks import peer  # pylint: disable=g-import-not-at-top
   print('still different: ' + '; '.join(peer.DIFFERENCES))
 
