@@ -281,7 +281,7 @@ def main(argv):
       cli.fail(str(error))
     this_sweep = {results.run_name(row, seed) for row, seed in runs}
     failed = {n: e for n, e in failures.items() if n in this_sweep}
-    written = results.write_tables(_WORKDIR.value, table, failed, reference=_REFERENCE.value)
+    written = results.write_tables(_WORKDIR.value, table, failed, reference=_REFERENCE.value, overrides=overrides)
     written += results.plot(_WORKDIR.value, table)
   with open(os.path.join(_WORKDIR.value, 'results.md')) as file:
     print(file.read())

@@ -39,6 +39,7 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
   assert result.returncode == 1, result.stderr[-2000:]
   assert 'sweep done in' in result.stderr and 'with 1 of 2 runs failed' in result.stderr
   table = (tmp_path / 'results.md').read_text()
+  assert table.startswith('Every run: `--config.train.steps=10`\n\n### ')  # the override the rows all had
   assert '| none | ' in table and '### Failed runs' in table
   assert '`alibi-seed0`: exit code 2: error: workdir' in table and 'is in use by a running job' in table
   assert (tmp_path / 'results.csv').read_text().count('failed: exit code 2') == 1

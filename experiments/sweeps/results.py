@@ -7,7 +7,7 @@ import json
 import math
 import os
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 from experiments.runs import run_record
 from experiments.sweeps.statistics import CONFIDENCE, mean_interval, paired_difference
@@ -142,13 +142,17 @@ def _number(value: float) -> str:
   return '' if math.isnan(value) else f'{value:.6g}'
 
 
-def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[str] = None) -> list:
+def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[str] = None,
+                 overrides: Sequence[str] = ()) -> list:
   """results.csv (one row per variant, length and metric) and results.md (one table per metric): the
   mean over seeds with its 95% Student-t interval; with a reference variant, each other variant's
-  paired difference from it and whether that is significant (experiments/sweeps/statistics.py)."""
+  paired difference from it and whether that is significant (experiments/sweeps/statistics.py).
+  overrides: the command line's --config.FIELD=VALUE that every run got, which results.md names first,
+  so that a row labelled `rope` says it is RoPE with them (scalable softmax, say)."""
   csv_path, md_path = os.path.join(sweep, 'results.csv'), os.path.join(sweep, 'results.md')
   write_text_atomically(csv_path, _csv_text(table, failures, reference))
-  write_text_atomically(md_path, _markdown_text(table, failures, reference))
+  every_run = ['Every run: ' + ', '.join(f'`{override}`' for override in overrides), '', ''] if overrides else []
+  write_text_atomically(md_path, '\n'.join(every_run) + _markdown_text(table, failures, reference))
   return [csv_path, md_path]
 
 
