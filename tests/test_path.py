@@ -5,7 +5,6 @@ numbers, and the reflections' properties."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from tests.helpers import fla_reference
 from transformer.attention import scaled_dot_product_attention
@@ -63,20 +62,3 @@ def test_outputs_are_flash_linear_attentions_reference():
   ours = scaled_dot_product_attention(q, k, v, mask=causal_mask(40), scale=0.25,
                                       bias=0.25 * (_carried(q, k, w, beta) - jnp.einsum('bqhk,bshk->bhqs', q, k)))
   np.testing.assert_allclose(ours, theirs.numpy(), atol=2e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize('chunk', [1, 5, 16, 64])
-def test_the_chunked_form_is_the_carried_form(chunk):
-  """Chunks of reflections as d x d products, at every chunk size (1: each key its own chunk; 64: one
-  chunk longer than the keys), for all 40 queries and for a block of queries 13-28 over keys 0-28 (as
-  blocks and cached steps give them)."""
-  q, k, _, w, beta = _inputs(length=40, seed=4)
-  index = jnp.arange(40)[None]
-  w_BxHxKxL, beta_BxHxL = jnp.transpose(w, (0, 2, 3, 1)), jnp.transpose(beta, (0, 2, 1))
-  for queries, keys in ((slice(0, 40), slice(0, 40)), (slice(13, 29), slice(0, 29))):
-    carried = path.reflected_logits(q[:, queries], k[:, keys], w_BxHxKxL[..., keys], beta_BxHxL[..., keys],
-                                    index[:, queries], index[:, keys])
-    chunked = path.chunked_reflected_logits(q[:, queries], k[:, keys], w_BxHxKxL[..., keys], beta_BxHxL[..., keys],
-                                            index[:, queries], index[:, keys], chunk=chunk)
-    seen = np.arange(keys.stop)[None, :] <= np.arange(queries.start, queries.stop)[:, None]
-    np.testing.assert_allclose(np.where(seen, chunked, 0.0), np.where(seen, carried, 0.0), atol=1e-5)

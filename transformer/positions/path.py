@@ -9,11 +9,9 @@ per head, w_s = the unit vector of W_w x_s (W_w of rank 32, as flash-linear-atte
 beta_s = 2 sigmoid(u . x_s + b) in (0, 2) (so H_s may flip a direction), from the layer's input x_s. A
 direct product costs O(L^2 d^2) per head (L^2 matrices); here the query is carried backwards over the
 keys instead, v <- H_s v before the key at s - 1 is read, which costs O(L^2 d): for key column j (token
-s), the logit is v_i . k_s with v_i = H_{s+1} ... H_i q_i, one d-vector per query at a time
-(reflected_logits, the reference form). The model runs its chunked form (chunked_reflected_logits, the
-paper's idea): within chunks of 16 keys the keys are carried to the chunk's end and the queries to its
-start, and across chunks a query is carried back by the chunk's whole product of reflections, a d x d
-matrix, so that L / 16 of the steps are matmuls. The logits hook adds e_ij - q_i . k_j / sqrt(d) to the plain logits. Causal only; each query block of
+s), the logit is v_i . k_s with v_i = H_{s+1} ... H_i q_i, one d-vector per query at a time; the backward
+pass keeps the carried queries at the edges of chunks of sqrt(L) keys and recomputes inside them. The
+logits hook adds e_ij - q_i . k_j / sqrt(d) to the plain logits. Causal only; each query block of
 blockwise attention takes its keys in one block (the reflections run over all of them).
 
 from_inputs computes w and beta per token, with the tokens' indices in the row (not their positions);
@@ -75,81 +73,6 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
   return jnp.transpose(logits_LkxBxHxLq, (1, 2, 3, 0))
 
 
-CHUNK = 16  # keys per chunk of the chunked form
-
-
-def chunked_reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxHxKxLk: chex.Array,
-                             beta_BxHxLk: chex.Array, query_index_BxLq: chex.Array, key_index_BxLk: chex.Array,
-                             chunk: int = CHUNK) -> chex.Array:
-  """reflected_logits, with the keys in chunks of `chunk` so that most of the work is matmuls: B x H x Lq x Lk.
-
-  Within a chunk [s, e] each key is carried to the chunk's end, k^_j = H_e ... H_{j+1} k_j, and each
-  query in it back to the chunk's start, q^_i = H_s ... H_i q_i, with the logits between the two (scans of
-  `chunk` steps over every chunk at once). Across chunks a query's vector is carried back one chunk at a
-  time by the chunk's whole product P_c = H_s ... H_e, a d x d matrix: for key j in an earlier chunk,
-  q_i^T H_i ... H_{j+1} k_j = (P_{c+1} ... P_{a-1} q^_i)^T k^_j, a = chunk(i), c = chunk(j). The keys must be
-  consecutive tokens and every query one of them."""
-  chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, w_BxHxKxLk, beta_BxHxLk], [4, 4, 4, 3])
-  batch, length_q, heads, width = query_BxLqxHxK.shape
-  length_k = key_BxLkxHxK.shape[1]
-  chunk = min(chunk, length_k)
-  padding = -length_k % chunk  # keys added in front that reflect nothing (beta 0)
-  chunks = (length_k + padding) // chunk
-
-  def by_chunk(x_BxHxLkxF):  # B x H x n x C x F, padded in front
-    padded = jnp.pad(x_BxHxLkxF, [(0, 0), (0, 0), (padding, 0), (0, 0)])
-    return padded.reshape(batch, heads, chunks, chunk, x_BxHxLkxF.shape[-1])
-  keys = by_chunk(jnp.transpose(key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32))
-  w = by_chunk(jnp.transpose(w_BxHxKxLk, (0, 1, 3, 2)).astype(jnp.float32))
-  beta = by_chunk(beta_BxHxLk.astype(jnp.float32)[..., None])[..., 0]
-  offset_C = jnp.arange(chunk)
-
-  def reflect(x, w_t, beta_t, applies):  # x - beta (x . w) w where applies; w_t, beta_t broadcast over x's rows
-    along = jnp.sum(x * w_t[..., None, :], axis=-1, keepdims=True)
-    return jnp.where(applies[..., None], x - beta_t[..., None, None] * along * w_t[..., None, :], x)
-
-  def carry_keys(carried, t):  # H_t on the keys before it in its chunk
-    return reflect(carried, w[..., t, :], beta[..., t], offset_C < t), None
-  keys_to_end, _ = jax.lax.scan(carry_keys, keys, jnp.arange(chunk))
-
-  def chunk_product(product, t):  # P <- P H_t: P (I - beta w w^T)
-    along = jnp.einsum('bhnij,bhnj->bhni', product, w[..., t, :])
-    return product - beta[..., t, None, None] * along[..., None] * w[..., t, None, :], None
-  eye = jnp.broadcast_to(jnp.eye(width), (batch, heads, chunks, width, width))
-  products, _ = jax.lax.scan(jax.checkpoint(chunk_product), eye, jnp.arange(chunk))
-
-  first_column = query_index_BxLq[:, 0] - key_index_BxLk[:, 0] + padding  # the queries are consecutive
-  column_BxLq = first_column[:, None] + jnp.arange(length_q)[None]
-  queries = jnp.zeros((batch, heads, chunks * chunk, width), jnp.float32)
-  query_BxHxLqxK = jnp.transpose(query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32)
-  queries = jax.vmap(lambda rows, q, start: jax.lax.dynamic_update_slice(rows, q, (0, start, 0)))(
-      queries, query_BxHxLqxK, first_column).reshape(batch, heads, chunks, chunk, width)
-
-  def within_chunk(carried, t):  # logits against key t of the chunk, then H_t on the queries at or after it
-    logits = jnp.einsum('bhnck,bhnk->bhnc', carried, keys[..., t, :])
-    return reflect(carried, w[..., t, :], beta[..., t], offset_C >= t), logits
-  queries_to_start, within_TxBxHxnxC = jax.lax.scan(within_chunk, queries, jnp.arange(chunk), reverse=True)
-
-  def rows(x_BxHxnxCxF):  # our queries' rows: B x H x Lq x F
-    flat = x_BxHxnxCxF.reshape(batch, heads, chunks * chunk, -1)
-    return jax.vmap(lambda r, start: jax.lax.dynamic_slice_in_dim(r, start, length_q, axis=1))(flat, first_column)
-  within_BxHxLqxC = rows(jnp.moveaxis(within_TxBxHxnxC, 0, -1))
-  start_BxHxLqxK = rows(queries_to_start)
-  query_chunk_Bx1xLq = (column_BxLq // chunk)[:, None]
-
-  def across(carried, c):  # logits against chunk c's keys, then carry back over chunk c
-    logits = jnp.einsum('bhqk,bhck->bhqc', carried, keys_to_end[:, :, c])
-    back = jnp.einsum('bhij,bhqj->bhqi', products[:, :, c], carried)
-    carried = jnp.where((query_chunk_Bx1xLq > c)[..., None], back,
-                        jnp.where((query_chunk_Bx1xLq == c)[..., None], start_BxHxLqxK, carried))
-    return carried, logits
-  _, across_NxBxHxLqxC = jax.lax.scan(across, start_BxHxLqxK, jnp.arange(chunks), reverse=True)
-  across_BxHxLqxNC = jnp.moveaxis(across_NxBxHxLqxC, 0, 3).reshape(batch, heads, length_q, chunks * chunk)
-  within_BxHxLqxNC = jnp.tile(within_BxHxLqxC, (1, 1, 1, chunks))
-  same_chunk_Bx1xLqxNC = (jnp.arange(chunks * chunk) // chunk)[None, None, None, :] == query_chunk_Bx1xLq[..., None]
-  return jnp.where(same_chunk_Bx1xLqxNC, within_BxHxLqxNC, across_BxHxLqxNC)[..., padding:]
-
-
 class PathLayer(LayerPositions):
   """Owns W_w (low rank) and the beta projection; the logits term replaces q.k by the reflected product."""
 
@@ -185,7 +108,7 @@ class PathLayer(LayerPositions):
                 query_index=query_index_BxLq[:, None, :, None], key_index=key_index_BxLk[:, None, None, :])
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    reflected_BxHxLqxLk = chunked_reflected_logits(
+    reflected_BxHxLqxLk = reflected_logits(
         query_BxLqxHxK, key_BxLkxHxK, shared['w'][:, :, :, 0, :], shared['beta'][:, :, 0, :],
         shared['query_index'][:, 0, :, 0], shared['key_index'][:, 0, 0, :])
     plain_BxHxLqxLk = jnp.einsum('bqhk,bshk->bhqs', query_BxLqxHxK.astype(jnp.float32),
