@@ -18,8 +18,8 @@ the explicit core applies to the logits and the blockwise core runs in its own b
   pallas     flash_attention.py: a Pallas flash attention kernel that computes the variant's term inside
              from positions and head (its kernel_term: ALiBi, T5, KERPLE; FoX from a number per token)
              or adds none; Triton on GPUs, Mosaic on TPUs, Pallas' interpreter elsewhere (slow: for
-             tests). The mask must be the
-             causal mask and the keys' padding, given as such (not a cached decoding step's).
+             tests). The mask must be the causal mask and the keys' padding, given as such (not a
+             cached decoding step's).
 
 'auto' (model.attention_implementation's default) takes the first row of this table that holds for the
 call (AUTO_RULES, in the same order; tests/test_attention_core.py reads this table):

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.attention_request import WeightsRule
+from transformer.blockwise import block_slice
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 from transformer.softmax import masked_fill_value
 
@@ -99,11 +100,9 @@ def stick_breaking_blockwise(query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV, allow
     accumulator = jnp.zeros((batch, heads, q_slice.stop - q_slice.start, value_BxHxLkxV.shape[-1]), jnp.float32)
     for k_start in reversed(starts):
       k_slice = slice(k_start, min(k_start + step, last_key))
-      rows = q_slice if allowed.shape[-2] > 1 else slice(None)
-      columns = k_slice if allowed.shape[-1] > 1 else slice(None)
       later_sum, accumulator = _checkpointed_step(
           query_BxHxLqxK[:, :, q_slice], key_BxHxLkxK[:, :, k_slice], value_BxHxLkxV[:, :, k_slice],
-          logits_term(q_slice, k_slice), allowed[..., rows, columns], later_sum, accumulator)
+          logits_term(q_slice, k_slice), block_slice(allowed, q_slice, k_slice), later_sum, accumulator)
     outputs.append(accumulator)
   return jnp.concatenate(outputs, axis=2)
 
