@@ -64,6 +64,7 @@ import importlib
 import jax
 import flax.linen
 import orbax.checkpoint
+import scipy.stats
 from absl import flags
 from experiments.runs import settings
 from experiments.shared import cli
