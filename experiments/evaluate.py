@@ -21,7 +21,12 @@ NoPE temperature of Llama 4) on every run.
 
 probes retrieval instead (experiments/runs/probes.py): the passkey's exact-match rate in every cell of
 length x depth with its 95% Wilson interval, written to RUN/evaluations/passkey-METHOD-FILLER-TRIALS/
-(evaluation.json, results.json, heatmap.png) and printed as a table.
+(evaluation.json, results.json, heatmap.png) and printed as a table. With --output, and with --collect of
+such directories, the grid over every run: a row per variant and method with the runs' seeds as replicates
+(experiments/runs/probe_grid.py: results.md, results.csv, heatmaps.png).
+
+  python -m experiments.evaluate --probe=passkey --collect=RUN1/evaluations/passkey-none-heldout-20,... \
+      --output=runs/passkey-grid
 """
 
 import csv
@@ -32,7 +37,7 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, long_context, probes, rope_scaling, run_record, windows
+from experiments.runs import checkpoints, long_context, probe_grid, probes, rope_scaling, run_record, windows
 from experiments.shared import cli
 from experiments.shared.files import save_figure_atomically, write_text_atomically
 from experiments.sweeps.results import line_style
@@ -57,7 +62,8 @@ _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_
 _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ (default: from the method, factor, '
                             'protocol and tokens).')
 _COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these comma-separated evaluation '
-                               'directories (RUN/evaluations/NAME) together, at --lengths, into --output.')
+                               'directories (RUN/evaluations/NAME) together, at --lengths, into --output (with '
+                               '--probe=passkey: passkey probes, as the grid over their runs).')
 _OUTPUT = flags.DEFINE_string('output', None, 'A directory for the table and plots over every run and method.')
 _PROBE = flags.DEFINE_enum('probe', 'none', ['none', 'passkey'], 'passkey: the passkey retrieval grid of '
                            '--lengths x --depths instead of perplexity (experiments/runs/probes.py).')
@@ -261,14 +267,18 @@ def _passkey(workdirs: list[str], lengths: list[int], requests) -> None:
       if extension.method != 'none' and not rotary:
         print(f'{workdir}: {config.position.kind} is not rotary; --extension={extension.method} skipped for it')
         continue
-      probes.run_passkey(workdir, request, extension, _NAME.value, check_only=True)
-      planned.append((workdir, extension))
+      planned.append((workdir, extension, probes.run_passkey(workdir, request, extension, _NAME.value,
+                                                             check_only=True)))
   if not planned:
     raise ValueError(f'--extension: got {_EXTENSION.value!r}, which applies to none of the runs; valid: none, or runs '
                      'of a rotary variant')
-  for workdir, extension in planned:
-    directory, cells = probes.run_passkey(workdir, request, extension, _NAME.value,
-                                          log=lambda line: print(line, flush=True))
+  if _OUTPUT.value:
+    probe_grid.group(checked for _, _, checked in planned)  # the grid's refusals, before any probe runs
+  probed = []
+  for workdir, extension, _ in planned:
+    directory, description, cells = probes.run_passkey(workdir, request, extension, _NAME.value,
+                                                       log=lambda line: print(line, flush=True))
+    probed.append((directory, description, cells))
     print(f'\n{workdir} {extension.method}: passkey exact-match rate (95% Wilson interval), {request.trials} '
           f'trials per cell; {directory}')
     print('| depth | ' + ' | '.join(str(length) for length in lengths) + ' |')
@@ -277,6 +287,8 @@ def _passkey(workdirs: list[str], lengths: list[int], requests) -> None:
       row = {cell['length']: cell for cell in cells if cell['depth'] == depth}
       print(f'| {depth:g} | ' + ' | '.join(f'{row[n]["rate"]:.2f} ({row[n]["low"]:.2f}-{row[n]["high"]:.2f})'
                                            for n in lengths) + ' |')
+  if _OUTPUT.value:
+    print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, probe_grid.group(probed))))
 
 
 def main(argv):
@@ -285,6 +297,12 @@ def main(argv):
     _check_name(_NAME.value)
     if _OUTPUT.value:
       cli.check_output_path('--output', _OUTPUT.value, directory=True)
+    if _COLLECT.value and _PROBE.value == 'passkey':
+      if not _OUTPUT.value:
+        raise ValueError('--collect: needs --output, the directory for the passkey grid')
+      rows = probe_grid.collect([d for d in _COLLECT.value.split(',') if d])
+      print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, rows)))
+      return
     if _COLLECT.value:
       if not _LENGTHS.value or not _OUTPUT.value:
         raise ValueError('--collect: needs --lengths and --output')

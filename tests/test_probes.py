@@ -164,8 +164,12 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
   assert description['probe'] == 'passkey' and description['trials'] == 3 and description['lengths'] == [100, 128]
   written = (directory / 'results.json').stat().st_mtime_ns
 
-  again = evaluate('--trials=3')
+  again = evaluate('--trials=3', f'--output={tmp_path / "grid"}')  # read back, and the grid over its runs
   assert again.returncode == 0 and (directory / 'results.json').stat().st_mtime_ns == written
+  table = (tmp_path / 'grid' / 'results.md').read_text()
+  assert table.startswith('| row | seeds | 100 | 128 |\n') and f'\n| {description["variant"]} | 1 | ' in table
+  collected = evaluate(f'--collect={directory}', f'--output={tmp_path / "collected"}')
+  assert collected.returncode == 0 and (tmp_path / 'collected' / 'results.md').read_text() == table
   other = evaluate('--trials=4', '--name=passkey-none-heldout-3')
   assert other.returncode == 2 and other.stderr.startswith(f'error: {directory}: records another evaluation (trials: 3 '
                                                            'there, 4 now)')

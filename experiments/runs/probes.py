@@ -98,13 +98,21 @@ def _next_logits_function(model, params, length: int, extra: int):
   return next_logits
 
 
+def run_configuration(resolved: dict) -> dict:
+  """A run's configuration as the passkey grid groups runs (experiments/runs/probe_grid.py): flattened, without
+  its seed and without the fields a restart may change (they leave its numbers as they are)."""
+  from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
+  return {name: value for name, value in run_record.flatten(resolved).items()
+          if name != 'seed' and name not in run_record.RESUMABLE_FIELDS}
+
+
 def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log=print,
-                check_only: bool = False) -> tuple[str, list]:
+                check_only: bool = False) -> tuple[str, dict, list]:
   """The passkey grid of one run under one extension (experiments/runs/long_context.Request's method and
   factor): RUN/evaluations/NAME/ gets evaluation.json (what was probed), results.json (every cell) and
   heatmap.png. A directory that records another probe is refused; one that records this one and has its
-  results is read, not recomputed. Returns (the directory, the cells); with check_only, every check and
-  (the directory, []) without writing anything."""
+  results is read, not recomputed. Returns (the directory, what it records of the probe, the cells); with
+  check_only, every check and (the directory, the record, []) without writing anything."""
   # pylint: disable=g-import-not-at-top
   import json
   import os
@@ -139,8 +147,9 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
   description = dict(run=os.path.abspath(workdir), probe='passkey', checkpoint_step=int(step),
                      variant=config.position.kind, position=config.position.fields(), original_length=original,
                      trained_length=int(resolved['task']['max_length']), method=extension.method,
-                     factor=extension.factor, **{k: v for k, v in dataclasses.asdict(request).items()
-                                                 if k != 'batch_size'})
+                     factor=extension.factor, run_seed=resolved['seed'],
+                     run_configuration=run_configuration(resolved),
+                     **{k: v for k, v in dataclasses.asdict(request).items() if k != 'batch_size'})
   description = json.loads(json.dumps(description))  # tuples as the lists they read back as
   directory = os.path.join(workdir, long_context.EVALUATIONS, name or default_name(extension, request))
   spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.json')
@@ -153,9 +162,9 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
       raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
     if os.path.exists(results_path) and not check_only:
       with open(results_path) as file:
-        return directory, json.load(file)['cells']
+        return directory, description, json.load(file)['cells']
   if check_only:
-    return directory, []
+    return directory, description, []
   os.makedirs(directory, exist_ok=True)
   write_json_atomically(spec_path, description)
   params = checkpoints.restore_params(workdir, step)
@@ -174,7 +183,7 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
   write_json_atomically(results_path, dict(cells=cells))
   draw_heatmap(os.path.join(directory, 'heatmap.png'), cells, f'{os.path.basename(os.path.abspath(workdir))} '
                f'{extension.method}: passkey retrieval')
-  return directory, cells
+  return directory, description, cells
 
 
 def draw_heatmap(path: str, cells: list, title: str) -> None:

@@ -1,0 +1,194 @@
+"""The passkey grid of a sweep: the probe evaluations of several runs (experiments/runs/probes.py) grouped
+into rows, one per variant and extension method, with the runs' seeds as its replicates.
+
+A row's rate at a length is, for each seed, the exact-match rate over every depth's trials; the table
+gives the mean over seeds with its 95% Student-t interval (experiments/sweeps/statistics.py) and each
+seed's rate. The depth x length grid of a row pools its seeds' trials, each cell with its Wilson interval.
+Only probes asked the same questions (lengths, depths, trials, filler, probe seed) are tabulated together,
+and a row holds runs of one configuration: runs that differ in anything but their seed are refused.
+"""
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+
+import numpy as np
+
+from experiments.runs.probes import wilson_interval
+from experiments.sweeps.statistics import mean_interval
+
+QUESTIONS = ('lengths', 'depths', 'trials', 'filler', 'seed')  # what every tabulated probe must share
+
+
+@dataclasses.dataclass
+class Row:
+  label: str                  # the variant, and the extension method with its factor
+  configuration: dict         # the runs' configuration without their seed (flattened)
+  cells_by_seed: dict         # {run seed: [cell, ...]} as probes.run_passkey writes them
+  directories: dict           # {run seed: the evaluation directory}
+
+
+def row_label(description: dict) -> str:
+  method = description['method']
+  if method == 'none':
+    return description['variant']
+  factor = '' if description['factor'] == 1 else f' x{description["factor"]:g}'
+  return f'{description["variant"]} + {method}{factor}'
+
+
+def _read(directory: str) -> tuple[dict, list]:
+  spec, results = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.json')
+  description = None
+  if os.path.exists(spec):
+    with open(spec) as file:
+      description = json.load(file)
+  if not description or description.get('probe') != 'passkey' or not os.path.exists(results):
+    raise ValueError(f'--collect: {directory} holds no finished passkey probe (evaluation.json with probe passkey and '
+                     'results.json); valid: RUN/evaluations/passkey-... directories the probe wrote')
+  if 'run_configuration' not in description:
+    raise ValueError(f'--collect: {directory} was probed before probes recorded their run\'s configuration; valid: '
+                     'probe the run again under a new --name')
+  with open(results) as file:
+    return description, json.load(file)['cells']
+
+
+def collect(directories: list[str]) -> list[Row]:
+  """The rows of these passkey evaluation directories."""
+  return group([(directory, *_read(directory)) for directory in directories])
+
+
+def group(probes: list[tuple[str, dict, list]]) -> list[Row]:
+  """(directory, its evaluation.json, its cells) of each probe, as rows in the order their labels first
+  appear; a mix of questions, of configurations in one row, or one run twice is refused."""
+  rows, questions = {}, None
+  for directory, description, cells in probes:
+    asked = {name: description[name] for name in QUESTIONS}
+    if questions is None:
+      questions = (directory, asked)
+    differing = [name for name in QUESTIONS if asked[name] != questions[1][name]]
+    if differing:
+      name = differing[0]
+      raise ValueError(f'--collect: {directory} was probed with {name} {asked[name]!r} and {questions[0]} with '
+                       f'{questions[1][name]!r}; valid: probes that asked the same questions')
+    label, seed = row_label(description), description['run_seed']
+    row = rows.setdefault(label, Row(label, description['run_configuration'], {}, {}))
+    changed = sorted(name for name in set(row.configuration) | set(description['run_configuration'])
+                     if row.configuration.get(name) != description['run_configuration'].get(name))
+    if changed:
+      name = changed[0]
+      first = next(iter(row.directories.values()))
+      raise ValueError(f'the {label} row would mix configurations: {name} is '
+                       f'{description["run_configuration"].get(name)!r} in {directory} and '
+                       f'{row.configuration.get(name)!r} in {first}; valid: runs that differ only in their seed')
+    if seed in row.cells_by_seed:
+      raise ValueError(f'{directory} and {row.directories[seed]} are both {label} seed {seed}; valid: each run once')
+    row.cells_by_seed[seed], row.directories[seed] = cells, directory
+  return list(rows.values())
+
+
+def seed_rates(row: Row, length: int) -> list[float]:
+  """Each seed's exact-match rate at `length` over every depth's trials, in seed order."""
+  rates = []
+  for seed in sorted(row.cells_by_seed):
+    cells = [cell for cell in row.cells_by_seed[seed] if cell['length'] == length]
+    rates.append(sum(cell['correct'] for cell in cells) / sum(cell['trials'] for cell in cells))
+  return rates
+
+
+def pooled(row: Row, length: int, depth: float) -> tuple[int, int]:
+  """(correct, trials) of one cell over the row's seeds."""
+  cells = [cell for cells in row.cells_by_seed.values() for cell in cells
+           if cell['length'] == length and cell['depth'] == depth]
+  return sum(cell['correct'] for cell in cells), sum(cell['trials'] for cell in cells)
+
+
+def _rate_text(rates: list[float]) -> str:
+  mean, half_width = mean_interval(rates)
+  interval = '' if math.isnan(half_width) else f' ± {half_width:.2f}'
+  return f'{mean:.2f}{interval} ({", ".join(f"{rate:.2f}" for rate in rates)})'
+
+
+def tables(rows: list[Row], lengths: list[int], depths: list[float], trials: int) -> str:
+  """results.md: the rate by length per row (mean over seeds, each seed's), then each row's pooled grid."""
+  header = ['row', 'seeds'] + [str(length) for length in lengths]
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  for row in rows:
+    lines.append(f'| {row.label} | {len(row.cells_by_seed)} | ' +
+                 ' | '.join(_rate_text(seed_rates(row, length)) for length in lengths) + ' |')
+  text = ('\n'.join(lines) + f'\n\nPasskey exact-match rate at each prompt length over {len(depths)} depths x {trials} '
+          'trials per seed: the mean over seeds ± the half-width of its 95% Student-t interval, then each seed\'s '
+          'rate.\n')
+  for row in rows:
+    grid = [f'\n{row.label}, every seed\'s trials pooled (95% Wilson interval):\n',
+            '| depth | ' + ' | '.join(str(length) for length in lengths) + ' |', '|---' * (len(lengths) + 1) + '|']
+    for depth in depths:
+      cells = []
+      for length in lengths:
+        correct, total = pooled(row, length, depth)
+        low, high = wilson_interval(correct, total)
+        cells.append(f'{correct}/{total} ({low:.2f}-{high:.2f})')
+      grid.append(f'| {depth:g} | ' + ' | '.join(cells) + ' |')
+    text += '\n'.join(grid) + '\n'
+  return text
+
+
+def csv_text(rows: list[Row]) -> str:
+  buffer = io.StringIO()
+  writer = csv.writer(buffer)
+  writer.writerow(['row', 'seed', 'length', 'depth', 'correct', 'trials', 'evaluation'])
+  for row in rows:
+    for seed in sorted(row.cells_by_seed):
+      for cell in row.cells_by_seed[seed]:
+        writer.writerow([row.label, seed, cell['length'], f'{cell["depth"]:g}', cell['correct'], cell['trials'],
+                         row.directories[seed]])
+  return buffer.getvalue()
+
+
+def draw(path: str, rows: list[Row], lengths: list[int], depths: list[float]) -> None:
+  """heatmaps.png: each row's pooled rate by depth and length, one panel per row."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from experiments.shared.files import save_figure_atomically  # pylint: disable=g-import-not-at-top
+  columns = min(4, len(rows))
+  panel_rows = -(-len(rows) // columns)
+  figure, axes_grid = plt.subplots(panel_rows, columns, figsize=(3.2 * columns + 1, 2.6 * panel_rows + 0.4),
+                                 squeeze=False, layout='constrained')
+  for axes in axes_grid.flat[len(rows):]:
+    axes.set_axis_off()
+  for row, axes in zip(rows, axes_grid.flat):
+    rate_DxL = np.zeros((len(depths), len(lengths)))
+    for d, depth in enumerate(depths):
+      for n, length in enumerate(lengths):
+        correct, total = pooled(row, length, depth)
+        rate_DxL[d, n] = correct / total
+        axes.text(n, d, f'{correct}/{total}', ha='center', va='center', fontsize=7)
+    image = axes.imshow(rate_DxL, vmin=0.0, vmax=1.0, cmap='RdYlGn', aspect='auto')
+    axes.set_xticks(range(len(lengths)), [str(length) for length in lengths], fontsize=7)
+    axes.set_yticks(range(len(depths)), [f'{depth:g}' for depth in depths], fontsize=7)
+    seeds = len(row.cells_by_seed)
+    axes.set_title(f'{row.label} ({seeds} seed{"s" if seeds > 1 else ""})', fontsize=8)
+  for axes in axes_grid[:, 0]:
+    axes.set_ylabel('needle depth', fontsize=8)
+  for axes in axes_grid[-1]:
+    axes.set_xlabel('prompt length (tokens)', fontsize=8)
+  figure.colorbar(image, ax=axes_grid.ravel().tolist(), label='exact-match rate')
+  save_figure_atomically(figure, path, dpi=100)
+  plt.close(figure)
+
+
+def write(output: str, rows: list[Row]) -> list[str]:
+  """results.md, results.csv and heatmaps.png in `output`, each written whole or not at all."""
+  from experiments.shared.files import write_text_atomically  # pylint: disable=g-import-not-at-top
+  first = next(iter(rows[0].cells_by_seed.values()))
+  lengths = sorted({cell['length'] for cell in first})
+  depths = sorted({cell['depth'] for cell in first})
+  os.makedirs(output, exist_ok=True)
+  paths = [os.path.join(output, name) for name in ('results.md', 'results.csv', 'heatmaps.png')]
+  write_text_atomically(paths[0], tables(rows, lengths, depths, first[0]['trials']))
+  write_text_atomically(paths[1], csv_text(rows))
+  draw(paths[2], rows, lengths, depths)
+  return paths
