@@ -19,8 +19,9 @@ NoPE temperature of Llama 4) on every run.
   python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=128,256,512,1024 \
       --depths=0,0.25,0.5,0.75,1 --trials=20 [--probe_filler=classic] [--extension=yarn --factor=8]
 
-probes retrieval instead (experiments/runs/probes.py): the passkey's exact-match rate in every cell of
-length x depth with its 95% Wilson interval, written to RUN/evaluations/passkey-METHOD-FILLER-TRIALS/
+probes retrieval instead (experiments/runs/probes.py): the passkey's exact-match rate (or, --probe=needle
+--needles=4, RULER's several needles with one asked for, scored by string match) in every cell of
+length x depth with its 95% Wilson interval, written to RUN/evaluations/PROBE-METHOD-FILLER-TRIALS/
 (evaluation.json, results.json, heatmap.png) and printed as a table. With --output, and with --collect of
 such directories, the grid over every run: a row per variant and method with the runs' seeds as replicates
 (experiments/runs/probe_grid.py: results.md, results.csv, heatmaps.png).
@@ -63,10 +64,11 @@ _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ 
                             'protocol and tokens).')
 _COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these comma-separated evaluation '
                                'directories (RUN/evaluations/NAME) together, at --lengths, into --output (with '
-                               '--probe=passkey: passkey probes, as the grid over their runs).')
+                               '--probe=passkey or needle: such probes, as the grid over their runs).')
 _OUTPUT = flags.DEFINE_string('output', None, 'A directory for the table and plots over every run and method.')
-_PROBE = flags.DEFINE_enum('probe', 'none', ['none', 'passkey'], 'passkey: the passkey retrieval grid of '
+_PROBE = flags.DEFINE_enum('probe', 'none', ['none', *probes.PROBES], 'passkey or needle: the retrieval grid of '
                            '--lengths x --depths instead of perplexity (experiments/runs/probes.py).')
+_NEEDLES = flags.DEFINE_integer('needles', 4, '--probe=needle: the needles in each prompt, one of them asked for.')
 _DEPTHS = flags.DEFINE_string('depths', '0,0.25,0.5,0.75,1', '--probe: comma-separated needle depths in [0, 1].')
 _TRIALS = flags.DEFINE_integer('trials', 20, '--probe: prompts per (length, depth) cell.')
 _PROBE_FILLER = flags.DEFINE_enum('probe_filler', 'heldout', list(probes.FILLERS), '--probe: heldout (the run\'s '
@@ -255,10 +257,11 @@ def _depths(text: str) -> tuple:
   return depths
 
 
-def _passkey(workdirs: list[str], lengths: list[int], requests) -> None:
-  """--probe=passkey: every (run, method) checked first, then probed; a table of rates by depth and length."""
-  request = probes.PasskeyRequest(lengths=tuple(lengths), depths=_depths(_DEPTHS.value), trials=_TRIALS.value,
-                                  filler=_PROBE_FILLER.value, batch_size=_BATCH_SIZE.value)
+def _probe(workdirs: list[str], lengths: list[int], requests) -> None:
+  """--probe: every (run, method) checked first, then probed; a table of rates by depth and length."""
+  request = probes.ProbeRequest(lengths=tuple(lengths), depths=_depths(_DEPTHS.value), trials=_TRIALS.value,
+                                filler=_PROBE_FILLER.value, batch_size=_BATCH_SIZE.value, probe=_PROBE.value,
+                                needles=_NEEDLES.value)
   planned = []
   for workdir in workdirs:
     config, _ = checkpoints.run_model(workdir)
@@ -267,8 +270,8 @@ def _passkey(workdirs: list[str], lengths: list[int], requests) -> None:
       if extension.method != 'none' and not rotary:
         print(f'{workdir}: {config.position.kind} is not rotary; --extension={extension.method} skipped for it')
         continue
-      planned.append((workdir, extension, probes.run_passkey(workdir, request, extension, _NAME.value,
-                                                             check_only=True)))
+      planned.append((workdir, extension, probes.run_probe(workdir, request, extension, _NAME.value,
+                                                           check_only=True)))
   if not planned:
     raise ValueError(f'--extension: got {_EXTENSION.value!r}, which applies to none of the runs; valid: none, or runs '
                      'of a rotary variant')
@@ -276,10 +279,10 @@ def _passkey(workdirs: list[str], lengths: list[int], requests) -> None:
     probe_grid.group(checked for _, _, checked in planned)  # the grid's refusals, before any probe runs
   probed = []
   for workdir, extension, _ in planned:
-    directory, description, cells = probes.run_passkey(workdir, request, extension, _NAME.value,
-                                                       log=lambda line: print(line, flush=True))
+    directory, description, cells = probes.run_probe(workdir, request, extension, _NAME.value,
+                                                     log=lambda line: print(line, flush=True))
     probed.append((directory, description, cells))
-    print(f'\n{workdir} {extension.method}: passkey exact-match rate (95% Wilson interval), {request.trials} '
+    print(f'\n{workdir} {extension.method}: {request.probe} rate (95% Wilson interval), {request.trials} '
           f'trials per cell; {directory}')
     print('| depth | ' + ' | '.join(str(length) for length in lengths) + ' |')
     print('|---' * (len(lengths) + 1) + '|')
@@ -297,9 +300,9 @@ def main(argv):
     _check_name(_NAME.value)
     if _OUTPUT.value:
       cli.check_output_path('--output', _OUTPUT.value, directory=True)
-    if _COLLECT.value and _PROBE.value == 'passkey':
+    if _COLLECT.value and _PROBE.value != 'none':
       if not _OUTPUT.value:
-        raise ValueError('--collect: needs --output, the directory for the passkey grid')
+        raise ValueError('--collect: needs --output, the directory for the retrieval grid')
       rows = probe_grid.collect([d for d in _COLLECT.value.split(',') if d])
       print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, rows)))
       return
@@ -319,8 +322,8 @@ def main(argv):
     if first is None:
       raise FileNotFoundError(f'--workdir: {workdirs[0]} has no config.json; valid: a training run directory')
     lengths = _lengths(_LENGTHS.value, 2) if _LENGTHS.value else sorted(first['task']['eval_lengths'])
-    if _PROBE.value == 'passkey':
-      _passkey(workdirs, lengths, requests)
+    if _PROBE.value != 'none':
+      _probe(workdirs, lengths, requests)
       return
     protocol = _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value)
     rows = []

@@ -84,11 +84,11 @@ def test_a_mix_is_refused_naming_what_differs(mix, expected):
   assert expected in str(raised.value) and '\n' not in str(raised.value)
 
 
-def test_collect_refuses_a_directory_without_a_finished_passkey_probe(tmp_path):
+def test_collect_refuses_a_directory_without_a_finished_probe(tmp_path):
   perplexity = tmp_path / 'perplexity'
   perplexity.mkdir()
   (perplexity / 'evaluation.json').write_text(json.dumps(dict(method='none', protocol='sliding')))
-  with pytest.raises(ValueError, match=r'^--collect: .*perplexity holds no finished passkey probe'):
+  with pytest.raises(ValueError, match=r'^--collect: .*perplexity holds no finished retrieval probe'):
     probe_grid.collect([str(perplexity)])
   old = tmp_path / 'old'
   old.mkdir()

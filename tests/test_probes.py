@@ -3,6 +3,7 @@ and one that cannot, the Wilson interval, the probe command (experiments/runs/pr
 task.passkey_fraction mixes into training."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 
 from configs import corpus as corpus_config
 from experiments.runs import probes
-from experiments.tasks import passkey
+from experiments.tasks import needles, passkey
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
 
@@ -87,7 +88,7 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
   codec, stream = _codec_and_stream(name)
   copier = _copier(codec)
   for depth in (0.0, 0.5, 1.0):
-    cell = probes.passkey_cell(codec, copier, stream, 128, depth, trials=8, seed=0, batch_size=8)
+    cell = probes.probe_cell(codec, copier, stream, 128, depth, trials=8, seed=0, batch_size=8)
     assert cell['correct'] == 8 and cell['rate'] == 1.0, cell['answers']
     assert cell['answers'] == [passkey.passkey_key(0, trial) for trial in range(8)]
     assert cell['low'] == pytest.approx(8 / (8 + 1.959964 ** 2), rel=1e-5) and cell['high'] == pytest.approx(1.0)
@@ -103,7 +104,7 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
           logits[row, list(codec.encode(str((int(last) + 1) % 10)))[0]] = 1.0
       return logits
 
-    cell = probes.passkey_cell(codec, almost, stream, 128, 0.5, trials=8, seed=0)
+    cell = probes.probe_cell(codec, almost, stream, 128, 0.5, trials=8, seed=0)
     assert cell['correct'] == 0 and all(answer[:4] == passkey.passkey_key(0, trial)[:4]
                                         for trial, answer in enumerate(cell['answers']))
 
@@ -112,9 +113,70 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
     logits[:, zero] = 1.0
     return logits
 
-  cell = probes.passkey_cell(codec, constant, stream, 128, 0.5, trials=8, seed=0)
+  cell = probes.probe_cell(codec, constant, stream, 128, 0.5, trials=8, seed=0)
   assert cell['correct'] == 0 and cell['rate'] == 0.0 and set(cell['answers']) == {'0' * (len(cell['answers'][0]))}
   assert cell['low'] == 0.0 and cell['high'] == pytest.approx(1.959964 ** 2 / (8 + 1.959964 ** 2), rel=1e-5)
+
+
+def _needle_copier(codec, wrong: bool = False):
+  """A model that reads the question's word and copies the number of that word's needle; with `wrong`, the
+  number of the first needle in the prompt whatever its word."""
+  question_start = list(codec.encode('What is the special number for'))
+
+  def next_logits(ids_BxL):
+    logits = np.zeros((len(ids_BxL), 100_000), np.float32)
+    for row, ids in enumerate(ids_BxL.tolist()):
+      start = _find(ids, question_start, last=True)
+      word = re.match(r'What is the special number for (\w+)\?', codec.decode(ids[start:])).group(1)
+      asked = needles.QUESTION.format(word=word)
+      written = len(ids) - (_find(ids, list(codec.encode(asked)), last=True) + len(codec.encode(asked)))
+      marker = list(codec.encode(needles.NEEDLE.format(word=word, value='').rstrip('. ').rstrip()))
+      if wrong:
+        first = re.search(r'The special number for (\w+) is', codec.decode(ids)).group(1)
+        marker = list(codec.encode(needles.NEEDLE.format(word=first, value='').rstrip('. ').rstrip()))
+      logits[row, ids[_find(ids, marker) + len(marker) + written]] = 1.0
+    return logits
+
+  return next_logits
+
+
+@pytest.mark.parametrize('name', ['shakespeare', 'corpus'])
+def test_needles_sit_where_asked_and_only_the_asked_ones_number_scores(name):
+  codec, stream = _codec_and_stream(name)
+  for depth in (0.0, 0.5, 1.0):
+    for trial in range(4):
+      pairs = needles.needle_pairs(0, trial, 4)
+      assert len({word for word, _ in pairs}) == 4
+      prompt = probes.probe_prompt('needle', codec, stream, 320, depth, 0, trial, needles=4)
+      ids = prompt.ids.tolist()
+      assert len(ids) == 320 and ids[0] == codec.bos and prompt.key == pairs[0][1]
+      pieces = [list(codec.encode(needles.NEEDLE.format(word=w, value=v))) for w, v in pairs]
+      starts = [_find(ids, piece) for piece in pieces]
+      assert starts[0] == prompt.needle_start
+      assert ids[-len(codec.encode(needles.QUESTION.format(word=pairs[0][0]))):] == list(
+          codec.encode(needles.QUESTION.format(word=pairs[0][0])))
+      room = needles.filler_room(codec, 320, pairs)
+      other_tokens_before = sum(len(piece) for piece, start in zip(pieces[1:], starts[1:]) if start < starts[0])
+      assert starts[0] - 1 - other_tokens_before == round(depth * room)
+  right = probes.probe_cell(codec, _needle_copier(codec), stream, 320, 0.5, trials=8, seed=0, probe='needle')
+  assert right['correct'] == 8 and right['rate'] == 1.0, right['answers']
+  first_found = probes.probe_cell(codec, _needle_copier(codec, wrong=True), stream, 320, 1.0, trials=8, seed=0,
+                                  probe='needle')
+  asked_first = sum(probes.probe_prompt('needle', codec, stream, 320, 1.0, 0, trial).needle_start ==
+                    min(_find(probes.probe_prompt('needle', codec, stream, 320, 1.0, 0, trial).ids.tolist(),
+                              list(codec.encode(needles.NEEDLE.format(word=w, value=v))))
+                        for w, v in needles.needle_pairs(0, trial, 4)) for trial in range(8))
+  assert first_found['correct'] == asked_first < 8  # right only where the asked needle happens to come first
+
+
+def test_a_needle_probe_that_cannot_be_built_is_refused_in_one_line():
+  codec, _ = _codec_and_stream('shakespeare')
+  for count in (0, len(needles.WORDS) + 1):
+    with pytest.raises(passkey.ProbeError, match=rf'^--needles: got {count}; valid: 1 to {len(needles.WORDS)}$'):
+      needles.needle_pairs(0, 0, count)
+  with pytest.raises(passkey.ProbeError, match=r'^--lengths: got 120; valid: at least \d+ tokens, the first token, 4 '
+                                              r'needles and the question$'):
+    needles.filler_room(codec, 120, needles.needle_pairs(0, 0, 4))
 
 
 def test_the_wilson_interval_is_the_textbook_one():
@@ -178,6 +240,13 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
     refused = evaluate('--trials=3', *extra)
     assert refused.returncode == 2 and refused.stderr.startswith(expected), refused.stderr
   assert sorted(path.name for path in (workdir / 'evaluations').iterdir()) == ['passkey-none-heldout-3']
+  needle = evaluate('--probe=needle', '--needles=1', '--lengths=128', '--trials=2')
+  assert needle.returncode == 0, needle.stderr[-2000:]
+  cells = json.loads((workdir / 'evaluations' / 'needle-none-heldout-2-1needles' / 'results.json').read_text())['cells']
+  assert [(cell['length'], cell['depth'], cell['trials']) for cell in cells] == [(128, 0.0, 2), (128, 1.0, 2)]
+  refused = evaluate('--probe=needle', '--needles=2', '--lengths=128', '--trials=2')
+  assert refused.returncode == 2 and refused.stderr.startswith('error: --lengths: got 128; valid: at least'), (
+      refused.stderr)
 
 
 def _lm_task(name: str, **changes):

@@ -1,5 +1,5 @@
-"""The passkey grid of a sweep: the probe evaluations of several runs (experiments/runs/probes.py) grouped
-into rows, one per variant and extension method, with the runs' seeds as its replicates.
+"""The retrieval grid of a sweep: the passkey or needle probes of several runs (experiments/runs/probes.py)
+grouped into rows, one per variant and extension method, with the runs' seeds as its replicates.
 
 A row's rate at a length is, for each seed, the exact-match rate over every depth's trials; the table
 gives the mean over seeds with its 95% Student-t interval (experiments/sweeps/statistics.py) and each
@@ -17,18 +17,19 @@ import os
 
 import numpy as np
 
-from experiments.runs.probes import wilson_interval
+from experiments.runs.probes import PROBES, wilson_interval
 from experiments.sweeps.statistics import mean_interval
 
-QUESTIONS = ('lengths', 'depths', 'trials', 'filler', 'seed')  # what every tabulated probe must share
+QUESTIONS = ('probe', 'needles', 'lengths', 'depths', 'trials', 'filler', 'seed')  # what every tabulated probe must share
 
 
 @dataclasses.dataclass
 class Row:
   label: str                  # the variant, and the extension method with its factor
   configuration: dict         # the runs' configuration without their seed (flattened)
-  cells_by_seed: dict         # {run seed: [cell, ...]} as probes.run_passkey writes them
+  cells_by_seed: dict         # {run seed: [cell, ...]} as probes.run_probe writes them
   directories: dict           # {run seed: the evaluation directory}
+  questions: dict             # what the probes asked (QUESTIONS)
 
 
 def row_label(description: dict) -> str:
@@ -45,9 +46,9 @@ def _read(directory: str) -> tuple[dict, list]:
   if os.path.exists(spec):
     with open(spec) as file:
       description = json.load(file)
-  if not description or description.get('probe') != 'passkey' or not os.path.exists(results):
-    raise ValueError(f'--collect: {directory} holds no finished passkey probe (evaluation.json with probe passkey and '
-                     'results.json); valid: RUN/evaluations/passkey-... directories the probe wrote')
+  if not description or description.get('probe') not in PROBES or not os.path.exists(results):
+    raise ValueError(f'--collect: {directory} holds no finished retrieval probe (evaluation.json with probe passkey '
+                     'or needle, and results.json); valid: RUN/evaluations/ directories the probes wrote')
   if 'run_configuration' not in description:
     raise ValueError(f'--collect: {directory} was probed before probes recorded their run\'s configuration; valid: '
                      'probe the run again under a new --name')
@@ -56,7 +57,7 @@ def _read(directory: str) -> tuple[dict, list]:
 
 
 def collect(directories: list[str]) -> list[Row]:
-  """The rows of these passkey evaluation directories."""
+  """The rows of these probes' evaluation directories."""
   return group([(directory, *_read(directory)) for directory in directories])
 
 
@@ -65,7 +66,7 @@ def group(probes: list[tuple[str, dict, list]]) -> list[Row]:
   appear; a mix of questions, of configurations in one row, or one run twice is refused."""
   rows, questions = {}, None
   for directory, description, cells in probes:
-    asked = {name: description[name] for name in QUESTIONS}
+    asked = {name: description.get(name) for name in QUESTIONS}
     if questions is None:
       questions = (directory, asked)
     differing = [name for name in QUESTIONS if asked[name] != questions[1][name]]
@@ -74,7 +75,7 @@ def group(probes: list[tuple[str, dict, list]]) -> list[Row]:
       raise ValueError(f'--collect: {directory} was probed with {name} {asked[name]!r} and {questions[0]} with '
                        f'{questions[1][name]!r}; valid: probes that asked the same questions')
     label, seed = row_label(description), description['run_seed']
-    row = rows.setdefault(label, Row(label, description['run_configuration'], {}, {}))
+    row = rows.setdefault(label, Row(label, description['run_configuration'], {}, {}, asked))
     changed = sorted(name for name in set(row.configuration) | set(description['run_configuration'])
                      if row.configuration.get(name) != description['run_configuration'].get(name))
     if changed:
@@ -111,14 +112,19 @@ def _rate_text(rates: list[float]) -> str:
   return f'{mean:.2f}{interval} ({", ".join(f"{rate:.2f}" for rate in rates)})'
 
 
-def tables(rows: list[Row], lengths: list[int], depths: list[float], trials: int) -> str:
+SCORES = {'passkey': 'Passkey exact-match rate', 'needle': 'Needle string-match rate ({needles} needles, one asked for)'}
+
+
+def tables(rows: list[Row], lengths: list[int], depths: list[float], trials: int, probe: str = 'passkey',
+           needles: int = 0) -> str:
   """results.md: the rate by length per row (mean over seeds, each seed's), then each row's pooled grid."""
   header = ['row', 'seeds'] + [str(length) for length in lengths]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for row in rows:
     lines.append(f'| {row.label} | {len(row.cells_by_seed)} | ' +
                  ' | '.join(_rate_text(seed_rates(row, length)) for length in lengths) + ' |')
-  text = ('\n'.join(lines) + f'\n\nPasskey exact-match rate at each prompt length over {len(depths)} depths x {trials} '
+  score = SCORES[probe].format(needles=needles)
+  text = ('\n'.join(lines) + f'\n\n{score} at each prompt length over {len(depths)} depths x {trials} '
           'trials per seed: the mean over seeds ± the half-width of its 95% Student-t interval, then each seed\'s '
           'rate.\n')
   for row in rows:
@@ -188,7 +194,8 @@ def write(output: str, rows: list[Row]) -> list[str]:
   depths = sorted({cell['depth'] for cell in first})
   os.makedirs(output, exist_ok=True)
   paths = [os.path.join(output, name) for name in ('results.md', 'results.csv', 'heatmaps.png')]
-  write_text_atomically(paths[0], tables(rows, lengths, depths, first[0]['trials']))
+  probe, needles = rows[0].questions['probe'], rows[0].questions['needles']
+  write_text_atomically(paths[0], tables(rows, lengths, depths, first[0]['trials'], probe, needles))
   write_text_atomically(paths[1], csv_text(rows))
   draw(paths[2], rows, lengths, depths)
   return paths

@@ -1,8 +1,9 @@
-"""Passkey retrieval (Mohtashami & Jaggi 2023), the probe context-extension papers report beside
-perplexity: can a language model still find something far back? The prompts are
-experiments/tasks/passkey.py's; the model decodes greedily, and a trial is correct when the first digits
-it writes are the key (exact match). Each (length, depth) cell's rate comes with its 95% Wilson
-interval over the trials (scipy.stats).
+"""The retrieval probes context-extension papers report beside perplexity: can a language model still find
+something far back? The passkey (Mohtashami & Jaggi 2023; experiments/tasks/passkey.py), scored by exact
+match of the first digits the model writes, and RULER's several needles with one asked for (Hsieh et al.
+2024; experiments/tasks/needles.py), scored by whether the asked number appears in what it writes. The
+model decodes greedily. Each (length, depth) cell's rate comes with its 95% Wilson interval over the
+trials (scipy.stats).
 """
 
 import dataclasses
@@ -12,8 +13,11 @@ from typing import Callable
 import numpy as np
 from scipy import stats
 
-from experiments.tasks.passkey import (ANSWER_SLACK, KEY_DIGITS, Codec, ProbeError, codec_for, filler_for,
+from experiments.tasks import needles as needles_prompts
+from experiments.tasks.passkey import (ANSWER_SLACK, KEY_DIGITS, Codec, ProbeError, Prompt, codec_for, filler_for,
                                        filler_room, passkey_key, passkey_prompt)
+
+PROBES = ('passkey', 'needle')
 
 
 def answered_key(text: str) -> str:
@@ -40,43 +44,64 @@ def wilson_interval(correct: int, trials: int, confidence: float = 0.95) -> tupl
   return float(interval.low), float(interval.high)
 
 
-def passkey_cell(codec: Codec, next_logits, stream: np.ndarray, length: int, depth: float, trials: int, seed: int,
-                 classic: bool = False, batch_size: int = 8) -> dict:
-  """One (length, depth) cell: `trials` prompts, decoded in batches; the rate of exact keys and its interval."""
+def probe_prompt(probe: str, codec: Codec, stream: np.ndarray, length: int, depth: float, seed: int, trial: int,
+                 classic: bool = False, needles: int = 4) -> Prompt:
+  """The prompt of one trial of `probe`: its filler, needle(s) and question, `length` tokens in all."""
+  if probe == 'needle':
+    pairs = needles_prompts.needle_pairs(seed, trial, needles)
+    filler = filler_for(codec, stream, needles_prompts.filler_room(codec, length, pairs), seed, trial, classic)
+    return needles_prompts.needle_prompt(codec, filler, length, depth, pairs, seed, trial)
+  key = passkey_key(seed, trial)
+  filler = filler_for(codec, stream, filler_room(codec, length, key), seed, trial, classic)
+  return passkey_prompt(codec, filler, length, depth, key)
+
+
+def scored(probe: str, prompt: Prompt, text: str) -> tuple[str, bool]:
+  """(the answer recorded, whether it is right): the passkey's first digits exactly; a needle's number
+  anywhere in what was written."""
+  if probe == 'needle':
+    return text.strip(), prompt.key in text
+  answer = answered_key(text)
+  return answer, answer == prompt.key
+
+
+def probe_cell(codec: Codec, next_logits, stream: np.ndarray, length: int, depth: float, trials: int, seed: int,
+               classic: bool = False, batch_size: int = 8, probe: str = 'passkey', needles: int = 4) -> dict:
+  """One (length, depth) cell: `trials` prompts, decoded in batches; the rate of right answers and its interval."""
   correct, answers = 0, []
   for first in range(0, trials, batch_size):
-    prompts = []
-    for trial in range(first, min(trials, first + batch_size)):
-      key = passkey_key(seed, trial)
-      filler = filler_for(codec, stream, filler_room(codec, length, key), seed, trial, classic)
-      prompts.append(passkey_prompt(codec, filler, length, depth, key))
+    prompts = [probe_prompt(probe, codec, stream, length, depth, seed, trial, classic, needles)
+               for trial in range(first, min(trials, first + batch_size))]
     tokens = max(p.answer_tokens for p in prompts)
     written = greedy_continuations(next_logits, np.stack([p.ids for p in prompts]), tokens)
     for prompt, row in zip(prompts, written):
-      answer = answered_key(codec.decode(row.tolist()))
+      answer, right = scored(probe, prompt, codec.decode(row.tolist()))
       answers.append(answer)
-      correct += answer == prompt.key
+      correct += right
   low, high = wilson_interval(correct, trials)
   return dict(length=length, depth=depth, trials=trials, correct=correct, rate=correct / trials, low=low,
               high=high, answers=answers)
 
 
 @dataclasses.dataclass(frozen=True)
-class PasskeyRequest:
+class ProbeRequest:
   lengths: tuple          # prompt lengths in tokens
   depths: tuple           # needle depths in [0, 1]
   trials: int             # prompts per cell
   filler: str = 'heldout'  # 'heldout' (the run's held-out text) or 'classic'
   seed: int = 0           # keys and filler are drawn from (seed, trial)
   batch_size: int = 8     # prompts decoded at once (changes no number)
+  probe: str = 'passkey'  # 'passkey' or 'needle'
+  needles: int = 4        # needle: the needles in each prompt, one asked for
 
 
 FILLERS = ('heldout', 'classic')
 
 
-def default_name(extension, request: PasskeyRequest) -> str:
+def default_name(extension, request: ProbeRequest) -> str:
   factor = '' if extension.method in ('none', 'dynamic_ntk') else f'-x{extension.factor:g}'
-  return f'passkey-{extension.method}{factor}-{request.filler}-{request.trials}'
+  needles = f'-{request.needles}needles' if request.probe == 'needle' else ''
+  return f'{request.probe}-{extension.method}{factor}-{request.filler}-{request.trials}{needles}'
 
 
 def _next_logits_function(model, params, length: int, extra: int):
@@ -106,9 +131,9 @@ def run_configuration(resolved: dict) -> dict:
           if name != 'seed' and name not in run_record.RESUMABLE_FIELDS}
 
 
-def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log=print,
-                check_only: bool = False) -> tuple[str, dict, list]:
-  """The passkey grid of one run under one extension (experiments/runs/long_context.Request's method and
+def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=print,
+              check_only: bool = False) -> tuple[str, dict, list]:
+  """The probe's grid of one run under one extension (experiments/runs/long_context.Request's method and
   factor): RUN/evaluations/NAME/ gets evaluation.json (what was probed), results.json (every cell) and
   heatmap.png. A directory that records another probe is refused; one that records this one and has its
   results is read, not recomputed. Returns (the directory, what it records of the probe, the cells); with
@@ -119,6 +144,8 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
   import transformer
   from experiments.runs import checkpoints, long_context, run_record
   from experiments.shared.files import write_json_atomically
+  if request.probe not in PROBES:
+    raise ProbeError(f'--probe: got {request.probe!r}; valid: {", ".join(PROBES)}')
   if request.filler not in FILLERS:
     raise ProbeError(f'--probe_filler: got {request.filler!r}; valid: {", ".join(FILLERS)}')
   if request.trials < 1:
@@ -133,7 +160,10 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
   codec = codec_for(task)
   config, original = long_context.extended_config(config, resolved, extension)
   for length in request.lengths:
-    filler_room(codec, length, passkey_key(request.seed, 0))
+    if request.probe == 'needle':
+      needles_prompts.filler_room(codec, length, needles_prompts.needle_pairs(request.seed, 0, request.needles))
+    else:
+      filler_room(codec, length, passkey_key(request.seed, 0))
   longest = max(request.lengths) + KEY_DIGITS + 1 + ANSWER_SLACK * 4
   try:
     config.position.settings.check_positions(longest)
@@ -144,12 +174,13 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
     raise ValueError(f'--lengths: {max(request.lengths)} and its answer exceed the {rows} positions the '
                      f'{config.position.kind} table has; valid: lengths up to {rows - (longest - max(request.lengths))}')
   step = checkpoints.newest_intact_step(workdir)
-  description = dict(run=os.path.abspath(workdir), probe='passkey', checkpoint_step=int(step),
+  description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
                      variant=config.position.kind, position=config.position.fields(), original_length=original,
                      trained_length=int(resolved['task']['max_length']), method=extension.method,
                      factor=extension.factor, run_seed=resolved['seed'],
                      run_configuration=run_configuration(resolved),
-                     **{k: v for k, v in dataclasses.asdict(request).items() if k != 'batch_size'})
+                     **{k: v for k, v in dataclasses.asdict(request).items()
+                        if k != 'batch_size' and (k != 'needles' or request.probe == 'needle')})
   description = json.loads(json.dumps(description))  # tuples as the lists they read back as
   directory = os.path.join(workdir, long_context.EVALUATIONS, name or default_name(extension, request))
   spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.json')
@@ -175,14 +206,15 @@ def run_passkey(workdir: str, request: PasskeyRequest, extension, name=None, log
     next_logits = _next_logits_function(model, params, length, len(codec.encode(' ' + '9' * KEY_DIGITS)) +
                                         ANSWER_SLACK)
     for depth in request.depths:
-      cells.append(passkey_cell(codec, next_logits, stream, length, depth, request.trials, request.seed,
-                                classic=request.filler == 'classic', batch_size=request.batch_size))
+      cells.append(probe_cell(codec, next_logits, stream, length, depth, request.trials, request.seed,
+                              classic=request.filler == 'classic', batch_size=request.batch_size,
+                              probe=request.probe, needles=request.needles))
       cell = cells[-1]
-      log(f'{workdir} {extension.method}: passkey at length {length}, depth {depth:g}: {cell["correct"]}/'
+      log(f'{workdir} {extension.method}: {request.probe} at length {length}, depth {depth:g}: {cell["correct"]}/'
           f'{cell["trials"]} ({cell["low"]:.2f}-{cell["high"]:.2f})')
   write_json_atomically(results_path, dict(cells=cells))
   draw_heatmap(os.path.join(directory, 'heatmap.png'), cells, f'{os.path.basename(os.path.abspath(workdir))} '
-               f'{extension.method}: passkey retrieval')
+               f'{extension.method}: {request.probe} retrieval')
   return directory, description, cells
 
 
