@@ -32,6 +32,8 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.task.path = ''                # corpus: a folder that experiments.prepare_corpus wrote
   config.task.packing = 'stream'       # corpus: 'stream' (windows across documents)
   config.task.passkey_fraction = 0.0   # shakespeare, corpus: the share of training rows that are passkey prompts
+  config.task.needle_fraction = 0.0    # shakespeare, corpus: the share that are prompts of several needles
+  config.task.needles = 4              # the needles in each of those, one asked for
 
   config.model = ml_collections.ConfigDict()
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'

@@ -291,3 +291,50 @@ def test_a_passkey_fraction_the_task_cannot_take_is_refused_in_one_line():
     smoke_experiment(**{'task.passkey_fraction': 1.0})
   with pytest.raises(settings.ConfigError, match=r"^task.passkey_fraction: got 0.25 with task.name='copy'; valid: 0"):
     smoke_experiment(**{'task.passkey_fraction': 0.25})
+
+
+@pytest.mark.parametrize('name', ['shakespeare', 'corpus'])
+def test_needle_rows_ask_for_one_of_their_needles_and_end_with_its_number(name):
+  plain = _lm_task(name, max_length=320)
+  mixed = _lm_task(name, max_length=320, passkey_fraction=0.25, needle_fraction=0.5, needles=3)
+  assert mixed.validate() is None
+  codec = passkey.codec_for(mixed)
+  before, after = plain.batch(0, 5, 'train', 64), mixed.batch(0, 5, 'train', 64)
+  kinds = {'passkey': 0, 'needle': 0}
+  for row in range(64):
+    inputs, targets = after['inputs'][row], after['targets'][row]
+    text = codec.decode(targets.tolist())
+    if np.array_equal(targets, before['targets'][row]):
+      continue
+    assert inputs[0] == codec.bos and np.array_equal(inputs[1:], targets[:-1]) and len(targets) == 320
+    if 'The pass key is ' in text:
+      kinds['passkey'] += 1
+      continue
+    kinds['needle'] += 1
+    given = dict(re.findall(r'The special number for (\w+) is (\d+)\.', text[:text.rindex('What is the special')]))
+    asked = re.search(r'What is the special number for (\w+)\? The special number for \1 is (\d+)\.$', text)
+    assert len(given) == 3 and asked and given[asked.group(1)] == asked.group(2), text[-120:]
+  assert 4 <= kinds['passkey'] <= 28 and 20 <= kinds['needle'] <= 44, kinds
+  passkey_only = _lm_task(name, max_length=320, passkey_fraction=0.25).batch(0, 5, 'train', 64)
+  for row in range(64):  # the passkey rows are the ones a passkey-only run has: one draw decides
+    if 'The pass key is ' in codec.decode(after['targets'][row].tolist()):
+      np.testing.assert_array_equal(after['targets'][row], passkey_only['targets'][row])
+
+
+def test_needle_rows_the_task_cannot_take_are_refused_in_one_line():
+  from experiments.runs import settings  # pylint: disable=g-import-not-at-top
+  from tests.helpers import smoke_experiment  # pylint: disable=g-import-not-at-top
+  shortest = needles.shortest_row(passkey.codec_for(_lm_task('shakespeare')), 2)
+  assert _lm_task('shakespeare', needle_fraction=0.5, needles=2, max_length=shortest - 1).validate() == (
+      f'task.max_length: got {shortest - 1} with task.needle_fraction=0.5; valid: at least {shortest}, a row\'s 2 '
+      'needles, question and answer')
+  fits = _lm_task('shakespeare', needle_fraction=0.5, needles=2, max_length=shortest)
+  assert fits.validate() is None and fits.batch(0, 0, 'train', 8)['targets'].shape == (8, shortest)
+  for changes, expected in (
+      ({'task.needle_fraction': 0.6, 'task.passkey_fraction': 0.4},
+       r'^task.needle_fraction: got 0.6 with task.passkey_fraction=0.4; valid: the two together below 1'),
+      ({'task.needle_fraction': float('nan')}, r'^task.needle_fraction: got nan; valid: a finite number'),
+      ({'task.needles': 0}, rf'^task.needles: got 0; valid: an integer from 1 to {len(needles.WORDS)}$'),
+      ({'task.needle_fraction': 0.25}, r"^task.needle_fraction: got 0.25 with task.name='copy'; valid: 0")):
+    with pytest.raises(settings.ConfigError, match=expected):
+      smoke_experiment(**changes)

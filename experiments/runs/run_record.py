@@ -28,7 +28,7 @@ SUMMARY_FILE = 'summary.json'
 ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed': 'fsdp',
                 'parallel.rules.heads': 'tensor', 'parallel.rules.mlp': 'tensor', 'parallel.rules.vocab': '',
                 'train.gradient_accumulation': 1, 'task.path': '', 'task.packing': 'stream',
-                'task.passkey_fraction': 0.0,
+                'task.passkey_fraction': 0.0, 'task.needle_fraction': 0.0, 'task.needles': 4,
                 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto',
                 'model.position.interpolation_factor': 1.0, 'model.position.temperature_scale': 0.0,
                 'model.position.temperature_floor': 8192,

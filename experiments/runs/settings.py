@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 import transformer
-from experiments.tasks import TASKS
+from experiments.tasks import TASKS, needles
 from experiments.tasks.base import TaskSettings
 
 PARALLEL_MODES = ('pmap', 'mesh')
@@ -221,11 +221,19 @@ def _task_settings(section) -> TaskSettings:
       raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}; valid: a tuple of positive integers')
   if not task.eval_lengths:
     raise ConfigError('task.eval_lengths: got (); valid: at least one length')
-  if not (isinstance(task.passkey_fraction, (int, float)) and 0.0 <= task.passkey_fraction < 1.0):
-    raise ConfigError(f'task.passkey_fraction: got {task.passkey_fraction!r}; valid: a number in [0, 1)')
-  if task.passkey_fraction and task.name not in ('shakespeare', 'corpus'):
-    raise ConfigError(f'task.passkey_fraction: got {task.passkey_fraction} with task.name={task.name!r}; valid: 0, '
-                      'or a language-model task (shakespeare, corpus)')
+  for name in ('passkey_fraction', 'needle_fraction'):
+    fraction = getattr(task, name)
+    if not (isinstance(fraction, (int, float)) and 0.0 <= fraction < 1.0):
+      raise ConfigError(f'task.{name}: got {fraction!r}; valid: a number in [0, 1)')
+  if task.passkey_fraction + task.needle_fraction >= 1.0:
+    raise ConfigError(f'task.needle_fraction: got {task.needle_fraction} with task.passkey_fraction='
+                      f'{task.passkey_fraction}; valid: the two together below 1 (some rows stay text)')
+  if not (isinstance(task.needles, int) and 1 <= task.needles <= len(needles.WORDS)):
+    raise ConfigError(f'task.needles: got {task.needles!r}; valid: an integer from 1 to {len(needles.WORDS)}')
+  for name in ('passkey_fraction', 'needle_fraction'):
+    if getattr(task, name) and task.name not in ('shakespeare', 'corpus'):
+      raise ConfigError(f'task.{name}: got {getattr(task, name)} with task.name={task.name!r}; valid: 0, '
+                        'or a language-model task (shakespeare, corpus)')
   repeated = sorted({n for n in task.eval_lengths if task.eval_lengths.count(n) > 1})
   if repeated:
     raise ConfigError(f'task.eval_lengths: got {task.eval_lengths!r}, which repeats {repeated}; valid: each '

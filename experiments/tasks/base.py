@@ -48,6 +48,8 @@ class TaskSettings:
   path: str = ''
   packing: str = 'stream'
   passkey_fraction: float = 0.0  # shakespeare, corpus: training rows replaced by passkey prompts with answers
+  needle_fraction: float = 0.0   # shakespeare, corpus: training rows replaced by needle prompts with answers
+  needles: int = 4               # the needles in each of those rows, one asked for
 
 
 class Task(abc.ABC):

@@ -23,7 +23,7 @@ import numpy as np
 
 from experiments.data.corpus import open_corpus
 from experiments.data.manifest import DataError
-from experiments.tasks import passkey
+from experiments.tasks import passkey, retrieval_rows
 from experiments.tasks.base import Task, batch_rng, summarize, token_loss_and_metrics
 
 PACKINGS = ('stream', 'documents')
@@ -89,7 +89,7 @@ class Corpus(Task):
       if max(lengths) >= available:
         return (f'{field}: got {max(lengths)}; valid: lengths below the {available} tokens of {settings.path}\'s '
                 f'{split} split')
-    return passkey.check_fraction(self)
+    return retrieval_rows.check(self)
 
   def sequence_length(self, length: int) -> int:
     return length
@@ -107,8 +107,8 @@ class Corpus(Task):
     weights = np.ones((batch_size, length), np.float32)
     weights[:, 0] = 0.0  # the first target has EOD alone before it, which every window starts with
     batch = dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool))
-    if split == 'train' and self.settings.passkey_fraction:
-      batch = passkey.mix_into(batch, passkey.codec_for(self), tokens, self.settings.passkey_fraction, seed, step)
+    if split == 'train' and (self.settings.passkey_fraction or self.settings.needle_fraction):
+      batch = retrieval_rows.mix_into(batch, self.settings, passkey.codec_for(self), tokens, seed, step)
     return dict(batch, **self.packed_rows(batch['inputs']))
 
   def packed_rows(self, inputs_BxL: np.ndarray) -> dict:

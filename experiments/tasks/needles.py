@@ -15,7 +15,7 @@ numbers and the other needles' places are pure functions of (seed, trial).
 
 import numpy as np
 
-from experiments.tasks.passkey import ANSWER_SLACK, Codec, ProbeError, Prompt
+from experiments.tasks.passkey import ANSWER_SLACK, Codec, ProbeError, Prompt, answer_text
 
 NEEDLE = 'The special number for {word} is {value}. '
 QUESTION = 'What is the special number for {word}? The special number for {word} is'
@@ -25,14 +25,18 @@ WORDS = ('river', 'candle', 'falcon', 'garden', 'harbor', 'lantern', 'meadow', '
 VALUE_DIGITS = 5
 
 
-def needle_pairs(seed: int, trial: int, count: int) -> list[tuple[str, str]]:
+def draw_pairs(rng: np.random.Generator, count: int) -> list[tuple[str, str]]:
   """`count` (word, number) pairs with distinct words; the first is the one asked for."""
   if not 1 <= count <= len(WORDS):
     raise ProbeError(f'--needles: got {count}; valid: 1 to {len(WORDS)}')
-  rng = np.random.default_rng([seed, trial, 5])
   words = rng.choice(len(WORDS), size=count, replace=False)
   values = rng.integers(10 ** (VALUE_DIGITS - 1), 10 ** VALUE_DIGITS, size=count)
   return [(WORDS[w], str(v)) for w, v in zip(words, values)]
+
+
+def needle_pairs(seed: int, trial: int, count: int) -> list[tuple[str, str]]:
+  """A probe trial's pairs, a pure function of (seed, trial)."""
+  return draw_pairs(np.random.default_rng([seed, trial, 5]), count)
 
 
 def filler_room(codec: Codec, length: int, pairs: list[tuple[str, str]]) -> int:
@@ -47,14 +51,20 @@ def filler_room(codec: Codec, length: int, pairs: list[tuple[str, str]]) -> int:
 
 def needle_prompt(codec: Codec, filler: np.ndarray, length: int, depth: float, pairs: list[tuple[str, str]],
                   seed: int, trial: int) -> Prompt:
+  """A probe trial's prompt: the other needles' places drawn from (seed, trial) (arranged_prompt)."""
+  return arranged_prompt(codec, filler, length, depth, pairs, np.random.default_rng([seed, trial, 6]))
+
+
+def arranged_prompt(codec: Codec, filler: np.ndarray, length: int, depth: float, pairs: list[tuple[str, str]],
+                    rng: np.random.Generator) -> Prompt:
   """BOS, the filler with the first pair's needle after round(depth x room) of its tokens and every other
-  needle after a number of them drawn from (seed, trial), then the question for the first pair's word."""
+  needle after a number of them drawn from `rng`, then the question for the first pair's word."""
   if not 0.0 <= depth <= 1.0:
     raise ProbeError(f'--depths: got {depth}; valid: numbers in [0, 1] (0: right after the first token)')
   room = filler_room(codec, length, pairs)
   if len(filler) < room:
     raise ProbeError(f'filler of {len(filler)} tokens for a prompt that needs {room}')
-  others = np.random.default_rng([seed, trial, 6]).integers(0, room + 1, size=len(pairs) - 1)
+  others = rng.integers(0, room + 1, size=len(pairs) - 1)
   places = sorted([(int(round(depth * room)), 0)] + [(int(at), index + 1) for index, at in enumerate(others)])
   pieces, taken, asked_start = [[codec.bos]], 0, None
   for at, index in places:
@@ -67,3 +77,25 @@ def needle_prompt(codec: Codec, filler: np.ndarray, length: int, depth: float, p
   ids = np.concatenate([np.asarray(piece, np.int32) for piece in pieces])
   answer = codec.encode(' ' + pairs[0][1])
   return Prompt(ids=ids, key=pairs[0][1], needle_start=asked_start, answer_tokens=len(answer) + ANSWER_SLACK)
+
+
+def training_row(codec: Codec, stream: np.ndarray, length: int, count: int, seed: int, step: int,
+                 row: int) -> np.ndarray:
+  """length + 1 tokens: BOS, a prompt of `count` needles at depths drawn from (seed, step, row) in the filler of
+  `stream` (the training split), and its answer (passkey.answer_text of the asked number)."""
+  rng = np.random.default_rng([seed, step, row, 7])
+  pairs = draw_pairs(rng, count)
+  answer = np.asarray(codec.encode(answer_text(pairs[0][1])), np.int32)
+  prompt_length = length + 1 - len(answer)
+  room = filler_room(codec, prompt_length, pairs)
+  start = int(rng.integers(0, len(stream) - room))
+  prompt = arranged_prompt(codec, np.asarray(stream[start:start + room]), prompt_length, float(rng.uniform()), pairs,
+                           rng)
+  return np.concatenate([prompt.ids, answer])
+
+
+def shortest_row(codec: Codec, count: int) -> int:
+  """The shortest training length whose rows hold BOS, `count` needles, the question and the answer."""
+  pairs = [(max(WORDS, key=len), '9' * VALUE_DIGITS)] * count
+  return (1 + sum(len(codec.encode(NEEDLE.format(word=w, value=v))) for w, v in pairs) +
+          len(codec.encode(QUESTION.format(word=pairs[0][0]))) + len(codec.encode(answer_text(pairs[0][1]))) - 1)

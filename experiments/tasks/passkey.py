@@ -1,7 +1,7 @@
 """The passkey (Mohtashami & Jaggi 2023) as text a language model reads: the needle, the question, the
 filler, and a prompt of exactly a given length with the needle at a given depth. The retrieval probe
 (experiments/runs/probes.py) asks finished runs these prompts; task.passkey_fraction mixes them, with
-their answers, into a run's training rows.
+their answers, into a run's training rows (experiments/tasks/retrieval_rows.py).
 
 A prompt is BOS, filler, at `depth` the needle
 
@@ -128,33 +128,3 @@ def training_row(codec: Codec, stream: np.ndarray, length: int, seed: int, step:
   start = int(rng.integers(0, len(stream) - room))
   prompt = passkey_prompt(codec, np.asarray(stream[start:start + room]), prompt_length, depth, key)
   return np.concatenate([prompt.ids, answer])
-
-
-def mix_into(batch: dict, codec: Codec, stream: np.ndarray, fraction: float, seed: int, step: int) -> dict:
-  """The batch with each row, with probability `fraction` (drawn from (seed, step, row)), replaced by a
-  passkey training row of the same length: inputs BOS + row[:-1], targets row (weights and masks kept)."""
-  inputs, targets = batch['inputs'].copy(), batch['targets'].copy()
-  length = targets.shape[1]
-  for row in range(len(targets)):
-    if np.random.default_rng([seed, step, row, 4]).uniform() < fraction:
-      tokens = training_row(codec, stream, length, seed, step, row)
-      inputs[row], targets[row] = tokens[:-1], tokens[1:]
-  return dict(batch, inputs=inputs, targets=targets)
-
-
-def check_fraction(task) -> str | None:
-  """Why task.passkey_fraction cannot be used with this task's settings (None: it can)."""
-  settings = task.settings
-  if not settings.passkey_fraction:
-    return None
-  if settings.packing == 'documents':
-    return ("task.passkey_fraction: got {} with task.packing='documents'; valid: 0, or packing 'stream' (a passkey row "
-            'is one document)').format(settings.passkey_fraction)
-  codec = codec_for(task)
-  key = '9' * KEY_DIGITS
-  needed = 1 + len(codec.encode(NEEDLE.format(key=key))) + len(codec.encode(QUESTION)) + len(
-      codec.encode(answer_text(key))) - 1
-  if settings.max_length < needed:
-    return (f'task.max_length: got {settings.max_length} with task.passkey_fraction={settings.passkey_fraction}; '
-            f'valid: at least {needed}, a passkey row\'s needle, question and answer')
-  return None

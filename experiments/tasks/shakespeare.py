@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments.data import shakespeare as data
 from experiments.data.manifest import DataError
-from experiments.tasks import passkey
+from experiments.tasks import passkey, retrieval_rows
 from experiments.tasks.base import Task, batch_rng, summarize
 
 SPLIT_FILES = {'train': 'train', 'eval': 'heldout', 'test': 'heldout'}
@@ -52,7 +52,7 @@ class Shakespeare(Task):
         data.load(split)
     except DataError as error:
       return f'task.name: shakespeare: {error}'
-    return passkey.check_fraction(self)
+    return retrieval_rows.check(self)
 
   def sequence_length(self, length: int) -> int:
     return length
@@ -67,8 +67,8 @@ class Shakespeare(Task):
     weights = np.ones((batch_size, length), np.float32)
     weights[:, 0] = 0.0  # the first character has no previous one: the bigram cannot score it
     batch = dict(inputs=inputs, targets=windows, weights=weights, valid=np.ones((batch_size, length), bool))
-    if split == 'train' and self.settings.passkey_fraction:
-      batch = passkey.mix_into(batch, passkey.codec_for(self), text, self.settings.passkey_fraction, seed, step)
+    if split == 'train' and (self.settings.passkey_fraction or self.settings.needle_fraction):
+      batch = retrieval_rows.mix_into(batch, self.settings, passkey.codec_for(self), text, seed, step)
     return batch
 
   def stream(self, split: str) -> np.ndarray:
