@@ -4,8 +4,9 @@ grouped into rows, one per variant and extension method, with the runs' seeds as
 A row's rate at a length is, for each seed, the exact-match rate over every depth's trials; the table
 gives the mean over seeds with its 95% Student-t interval (experiments/sweeps/statistics.py) and each
 seed's rate. The depth x length grid of a row pools its seeds' trials, each cell with its Wilson interval.
-Only probes asked the same questions (lengths, depths, trials, filler, probe seed) are tabulated together,
-and a row holds runs of one configuration: runs that differ in anything but their seed are refused.
+Only probes asked the same questions (the probe and its needles, lengths, depths, trials, filler, probe seed)
+are tabulated together, and a row holds runs of one configuration: runs that differ in anything but their
+seed are refused.
 """
 
 import csv
@@ -91,7 +92,7 @@ def group(probes: list[tuple[str, dict, list]]) -> list[Row]:
 
 
 def seed_rates(row: Row, length: int) -> list[float]:
-  """Each seed's exact-match rate at `length` over every depth's trials, in seed order."""
+  """Each seed's rate of right answers at `length` over every depth's trials, in seed order."""
   rates = []
   for seed in sorted(row.cells_by_seed):
     cells = [cell for cell in row.cells_by_seed[seed] if cell['length'] == length]
@@ -181,7 +182,7 @@ def draw(path: str, rows: list[Row], lengths: list[int], depths: list[float]) ->
     axes.set_ylabel('needle depth', fontsize=8)
   for axes in axes_grid[-1]:
     axes.set_xlabel('prompt length (tokens)', fontsize=8)
-  figure.colorbar(image, ax=axes_grid.ravel().tolist(), label='exact-match rate')
+  figure.colorbar(image, ax=axes_grid.ravel().tolist(), label='rate of right answers')
   save_figure_atomically(figure, path, dpi=100)
   plt.close(figure)
 

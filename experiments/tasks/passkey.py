@@ -87,6 +87,13 @@ def filler_for(codec: Codec, stream: np.ndarray, tokens: int, seed: int, trial: 
   return np.asarray(stream[start:start + tokens])
 
 
+def shortest_row(codec: Codec) -> int:
+  """The shortest training length whose rows hold BOS, the needle, the question and the answer."""
+  key = '9' * KEY_DIGITS
+  return (1 + len(codec.encode(NEEDLE.format(key=key))) + len(codec.encode(QUESTION)) +
+          len(codec.encode(answer_text(key))) - 1)
+
+
 def filler_room(codec: Codec, length: int, key: str) -> int:
   """The filler tokens a prompt of `length` holds beside BOS, the needle and the question."""
   room = length - 1 - len(codec.encode(NEEDLE.format(key=key))) - len(codec.encode(QUESTION))

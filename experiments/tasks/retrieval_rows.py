@@ -40,14 +40,12 @@ def check(task) -> str | None:
     return (f"task.{name}: got {fraction} with task.packing='documents'; valid: 0, or packing 'stream' (a retrieval "
             'row is one document)')
   codec = passkey.codec_for(task)
-  key = '9' * passkey.KEY_DIGITS
-  needed = {'passkey_fraction': 1 + len(codec.encode(passkey.NEEDLE.format(key=key))) +
-                                len(codec.encode(passkey.QUESTION)) + len(codec.encode(passkey.answer_text(key))) - 1}
-  if settings.needle_fraction:
-    needed['needle_fraction'] = needles.shortest_row(codec, settings.needles)
-  for name, shortest in needed.items():
-    if name in dict(fractions) and settings.max_length < shortest:
-      what = "a passkey row's needle" if name == 'passkey_fraction' else f"a row's {settings.needles} needles"
-      return (f'task.max_length: got {settings.max_length} with task.{name}={getattr(settings, name)}; valid: at '
-              f'least {shortest}, {what}, question and answer')
+  for name, fraction in fractions:
+    if name == 'passkey_fraction':
+      shortest, what = passkey.shortest_row(codec), "a passkey row's needle"
+    else:
+      shortest, what = needles.shortest_row(codec, settings.needles), f"a row's {settings.needles} needles"
+    if settings.max_length < shortest:
+      return (f'task.max_length: got {settings.max_length} with task.{name}={fraction}; valid: at least '
+              f'{shortest}, {what}, question and answer')
   return None
