@@ -8,7 +8,10 @@ Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.
 results.jsonl; and this command's tables and plot of them), never touching the run's training metrics.
 --output also gets the tables (results.md and results.csv by length; by_position.md by band of positions
 within the longest window) and the plot (by length; by position within the longest window) over every
-run and method; --collect writes them from evaluation directories already on disk. The original length is
+run and method: a row per configuration and method, with the runs' seeds as replicates (a fine-tune's
+seeds are its source's and its own), the mean over seeds with its 95% t interval and each seed's score
+(experiments/runs/length_table.py); runs of two configurations under one label are refused before anything is
+evaluated. --collect writes them from evaluation directories already on disk. The original length is
 read from each run. Methods other than none apply to runs of a rotary variant; for the others they are
 skipped, with a line saying so. --factor is s for pi, ntk, yarn, llama3 and longrope (the new length over
 the original one; required for them), while dynamic_ntk computes its own. --rope_scaling=config.json gives
@@ -30,18 +33,13 @@ such directories, the grid over every run: a row per variant and method with the
       --output=runs/passkey-grid
 """
 
-import csv
-import io
 import os
 
-import numpy as np
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, long_context, probe_grid, probes, rope_scaling, run_record, windows
+from experiments.runs import checkpoints, length_table, long_context, probe_grid, probes, rope_scaling, run_record, windows
 from experiments.shared import cli
-from experiments.shared.files import save_figure_atomically, write_text_atomically
-from experiments.sweeps.results import line_style
 from transformer.positions.extension import ExtensionSettings, METHODS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of a language model.')
@@ -103,105 +101,25 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
           for m in methods]
 
 
-def _label(workdir: str, method: str, position_overrides) -> str:
-  name = os.path.basename(os.path.normpath(workdir))
-  parts = [] if method == 'none' else [method]
-  parts += [f'{field}={long_context.override_text(value)}' for field, value in position_overrides]
-  return ' + '.join([name] + parts)
-
-
 def _collect(lengths: list[int]):
-  """(rows, the first run's training length, protocol) from evaluation directories, refusing a mix of protocols."""
-  rows, protocols, trained = [], set(), None
+  """(rows, the first run's training length, protocol) from evaluation directories, refusing a mix of protocols
+  (and rows that would mix configurations: experiments/runs/length_table.py)."""
+  evaluations, protocols, trained = [], set(), None
   for directory in (d for d in _COLLECT.value.split(',') if d):
     description, results = long_context.read_evaluation(directory, lengths)
     protocols.add((description['protocol'], description['stride_fraction'], description['tokens']))
     trained = trained or description['trained_length']
-    rows.append((_label(description['run'], description['method'], description['position_overrides']), results))
+    evaluations.append((directory, description, results))
   if len(protocols) > 1:
     raise ValueError(f'--collect: the directories were evaluated under different protocols {sorted(protocols)} '
                      '(protocol, stride, tokens); valid: evaluations of one protocol, comparable token for token')
-  return rows, trained, _protocol_text(*protocols.pop())
+  return length_table.group(evaluations), trained, _protocol_text(*protocols.pop())
 
 
 def _protocol_text(protocol: str, stride_fraction: float, tokens: int) -> str:
   windows_text = 'non-overlapping windows' if protocol == 'windows' else (
       f'sliding windows, stride {stride_fraction:g} of the length')
   return f'{windows_text}, the first {tokens} tokens'
-
-
-def _metric(rows) -> tuple[str, str]:
-  """(the results' score, its words): bits per byte for corpus runs, bits per character for Shakespeare."""
-  metric = long_context.record_metric(next(iter(rows[0][1].values())))
-  return metric, long_context.METRIC_LABELS[metric]
-
-
-def _position_table(rows, length: int, trained: int, protocol: str) -> str:
-  """Mean bits per token by band of window positions, at the longest length, one row per run."""
-  bands = long_context.position_bands(length, trained)
-  header = ['run'] + [f'{first}-{last - 1}' for first, last in bands]
-  lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-  for label, results in rows:
-    by_position = np.asarray(results[length]['bits_by_position'])  # positions 1 .. L-1
-    means = [by_position[first - 1:last - 1].mean() for first, last in bands]
-    lines.append(f'| {label} | ' + ' | '.join(f'{m:.3f}' for m in means) + ' |')
-  unit = 'character' if _metric(rows)[0] == 'bits_per_character' else 'token'
-  return ('\n'.join(lines) + f'\n\nBits per {unit} at each position of a window of {length}, averaged over the '
-          f'windows and over the positions of each band ({protocol}; trained at {trained}).\n')
-
-
-def _write_outputs(output: str, rows: list[tuple[str, dict]], lengths: list[int], trained: int, protocol: str):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  os.makedirs(output, exist_ok=True)
-  metric, words = _metric(rows)
-  header = ['run'] + [str(length) for length in lengths]
-  table = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
-  buffer = io.StringIO()
-  writer = csv.writer(buffer)
-  writer.writerow(header)
-  for label, results in rows:
-    values = [results[length][metric] for length in lengths]
-    table.append(f'| {label} | ' + ' | '.join(f'{v:.3f}' for v in values) + ' |')
-    writer.writerow([label] + [f'{v:.5f}' for v in values])
-  note = f'\n{words.capitalize()} on the held-out stream ({protocol}; the first run was trained at {trained}).\n'
-  write_text_atomically(os.path.join(output, 'results.md'), '\n'.join(table) + '\n' + note)
-  write_text_atomically(os.path.join(output, 'by_position.md'), _position_table(rows, lengths[-1], trained, protocol))
-  write_text_atomically(os.path.join(output, 'results.csv'), buffer.getvalue())
-  figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
-  for index, (label, results) in enumerate(rows):
-    style = line_style(index)
-    by_length.plot(lengths, [results[length][metric] for length in lengths], label=label, **style)
-    curve = np.asarray(results[lengths[-1]]['bits_by_position'])
-    width = max(1, len(curve) // 64)
-    smooth = np.convolve(curve, np.ones(width) / width, mode='valid')
-    by_position.plot(np.arange(1, len(smooth) + 1) + width // 2, smooth, label=label, color=style['color'],
-                     linestyle=style['linestyle'])
-  by_length.set_xscale('log', base=2)
-  by_length.set_xlabel('window length')
-  by_length.set_ylabel(words)
-  by_position.set_xlabel(f'position within a window of {lengths[-1]} (mean over windows, {width}-position average)')
-  by_position.set_ylabel('bits per character' if metric == 'bits_per_character' else 'bits per token')
-  for axes in (by_length, by_position):
-    axes.axvline(trained, color='grey', linewidth=0.8, linestyle=':')
-    axes.grid(alpha=0.3)
-  by_position.set_xscale('log', base=2)
-  by_length.legend(fontsize=7)
-  figure.tight_layout()
-  path = os.path.join(output, 'plot_extension.png')
-  save_figure_atomically(figure, path, dpi=110)
-  plt.close(figure)
-  return [os.path.join(output, name) for name in ('results.md', 'results.csv', 'by_position.md')] + [path]
-
-
-def _print_table(rows, lengths):
-  width = max(len(label) for label, _ in rows)
-  metric, words = _metric(rows)
-  print(f'\n{words} by window length')
-  print(f'{"run":<{width}} ' + ' '.join(f'{length:>8}' for length in lengths))
-  for label, results in rows:
-    print(f'{label:<{width}} ' + ' '.join(f'{results[length][metric]:>8.3f}' for length in lengths))
 
 
 def _lengths(text: str, minimum: int) -> list[int]:
@@ -291,7 +209,8 @@ def _probe(workdirs: list[str], lengths: list[int], requests) -> None:
       print(f'| {depth:g} | ' + ' | '.join(f'{row[n]["rate"]:.2f} ({row[n]["low"]:.2f}-{row[n]["high"]:.2f})'
                                            for n in lengths) + ' |')
   if _OUTPUT.value:
-    print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, probe_grid.group(probed))))
+    print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, probe_grid.group(probed), request.probe,
+                                                request.needles)))
 
 
 def main(argv):
@@ -303,16 +222,16 @@ def main(argv):
     if _COLLECT.value and _PROBE.value != 'none':
       if not _OUTPUT.value:
         raise ValueError('--collect: needs --output, the directory for the retrieval grid')
-      rows = probe_grid.collect([d for d in _COLLECT.value.split(',') if d])
-      print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, rows)))
+      rows, questions = probe_grid.collect([d for d in _COLLECT.value.split(',') if d])
+      print('wrote ' + ', '.join(probe_grid.write(_OUTPUT.value, rows, questions['probe'], questions['needles'])))
       return
     if _COLLECT.value:
       if not _LENGTHS.value or not _OUTPUT.value:
         raise ValueError('--collect: needs --lengths and --output')
       lengths = _lengths(_LENGTHS.value, 2)
       rows, trained, protocol = _collect(lengths)
-      _print_table(rows, lengths)
-      print('wrote ' + ', '.join(_write_outputs(_OUTPUT.value, rows, lengths, trained, protocol)))
+      length_table.print_table(rows, lengths)
+      print('wrote ' + ', '.join(length_table.write(_OUTPUT.value, rows, lengths, trained, protocol)))
       return
     if not _WORKDIR.value:
       raise ValueError('--workdir: missing; valid: one or more comma-separated training runs')
@@ -326,20 +245,22 @@ def main(argv):
       _probe(workdirs, lengths, requests)
       return
     protocol = _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value)
-    rows = []
-    for evaluation in _prepare(workdirs, lengths, requests):
+    prepared, evaluations = _prepare(workdirs, lengths, requests), []
+    length_table.group((e.directory, e.description, {}) for e in prepared)  # the table's refusals, before any run
+    for evaluation in prepared:
       directory, results = long_context.run_evaluation(evaluation, log=lambda line: print(line, flush=True))
-      row = (_label(evaluation.workdir, evaluation.request.method, evaluation.request.position_overrides), results)
-      _write_outputs(directory, [row], lengths, evaluation.description['trained_length'], protocol)  # this run's view
-      rows.append(row)
+      length_table.write(directory, length_table.group([(directory, evaluation.description, results)]), lengths,
+                         evaluation.description['trained_length'], protocol)  # this run's view
+      evaluations.append((directory, evaluation.description, results))
+    rows = length_table.group(evaluations)
   except (OSError, KeyError, ValueError, FloatingPointError, cli.CommandError) as error:  # ProbeError too
     cli.fail(str(error))
-  if not rows:
+  if not evaluations:
     cli.fail(f'--extension: got {_EXTENSION.value!r}, which applies to none of the runs; valid: none, or runs of a '
              f'rotary variant')
-  _print_table(rows, lengths)
+  length_table.print_table(rows, lengths)
   if _OUTPUT.value:
-    written = _write_outputs(_OUTPUT.value, rows, lengths, int(first['task']['max_length']), protocol)
+    written = length_table.write(_OUTPUT.value, rows, lengths, int(first['task']['max_length']), protocol)
     print('wrote ' + ', '.join(written))
 
 

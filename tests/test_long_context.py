@@ -166,11 +166,11 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   done = subprocess.run(command, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   table = (output / 'results.md').read_text()
-  assert all(label in table for label in ('| rope |', '| rope + ntk |', '| rope + dynamic_ntk |'))
+  assert all(label in table for label in ('| rope | 1 |', '| rope + ntk x2 | 1 |', '| rope + dynamic_ntk | 1 |'))
   assert (output / 'plot_extension.png').stat().st_size > 0
   assert '| run | 1-15 | 16-31 |' in (output / 'by_position.md').read_text()  # trained at 16, windows of 32
   own = pathlib.Path(tiny_run) / 'evaluations' / 'ntk-x2-sliding0.5-300'
-  assert '| rope + ntk |' in (own / 'results.md').read_text() and (own / 'plot_extension.png').exists()
+  assert '| rope + ntk x2 | 1 |' in (own / 'results.md').read_text() and (own / 'plot_extension.png').exists()
   evaluations = os.path.join(tiny_run, 'evaluations')
   collected = tmp_path / 'collected'
   collect = [sys.executable, '-m', 'experiments.evaluate', '--lengths=32', f'--output={collected}',
@@ -178,8 +178,9 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   done = subprocess.run(collect, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   rows = (collected / 'results.csv').read_text().splitlines()
-  assert rows[0] == 'run,32' and [row.split(',')[0] for row in rows[1:]] == ['rope + ntk', 'rope']
-  assert ',' + rows[1].split(',')[1] + '\n' in (output / 'results.csv').read_text()  # read back, not recomputed
+  assert rows[0] == 'run,seed,32,evaluation' and [row.split(',')[:2] for row in rows[1:]] == [['rope + ntk x2', '0'],
+                                                                                               ['rope', '0']]
+  assert ',' + rows[1].split(',')[2] + ',' in (output / 'results.csv').read_text()  # read back, not recomputed
   missing_length = subprocess.run(collect[:3] + ['--lengths=4096'] + collect[4:], env=subprocess_environment(),
                                   capture_output=True, text=True, cwd=ROOT, check=False)
   assert missing_length.returncode != 0 and 'no result at lengths [4096]' in missing_length.stderr

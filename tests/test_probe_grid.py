@@ -20,6 +20,7 @@ def _probe(variant: str, seed: int, correct_by_length: dict, method: str = 'none
   configuration = {'model.position.kind': variant, 'train.steps': 2400, 'model.num_decoder_layers': 3}
   configuration.update(changes.pop('configuration', {}))
   description = dict(dict(probe='passkey', variant=variant, method=method, factor=factor, run_seed=seed,
+                          checkpoint_step=2400,
                           run_configuration=configuration, lengths=list(LENGTHS), depths=list(DEPTHS), trials=TRIALS,
                           filler='heldout', seed=0), **changes)
   cells = [dict(length=length, depth=depth, trials=TRIALS, correct=correct_by_length[length][d],
@@ -39,12 +40,36 @@ def _sweep():
 
 def test_rows_group_seeds_by_variant_and_method_and_rate_over_every_depth():
   rows = probe_grid.group(_sweep())
-  assert [(row.label, sorted(row.cells_by_seed)) for row in rows] == [('rope', [0, 1, 2]), ('alibi', [0, 1]),
-                                                                      ('rope + yarn x2', [0])]
+  assert [(row.label, sorted(row.by_seeds)) for row in rows] == [('rope', [(0,), (1,), (2,)]),
+                                                                 ('alibi', [(0,), (1,)]), ('rope + yarn x2', [(0,)])]
   rope = rows[0]
   assert probe_grid.seed_rates(rope, 256) == [11 / 12, 10 / 12, 12 / 12]
   assert probe_grid.seed_rates(rope, 512) == [1 / 12, 0.0, 2 / 12]
   assert probe_grid.pooled(rope, 256, 0.5) == (10, 12) and probe_grid.pooled(rope, 512, 0.0) == (2, 12)
+
+
+def _fine_tune(source_seed: int, seed: int, counts: dict, method: str = 'yarn') -> tuple:
+  """A probe of a run fine-tuned at 512 with `method` from rope seed `source_seed` (experiments/runs/lineage.py)."""
+  source = {f'init_from.{name}': value for name, value in
+            {'model.position.kind': 'rope', 'train.steps': 2400, 'model.num_decoder_layers': 3}.items()}
+  configuration = {'task.max_length': 512, 'model.position.rope_extension': method,
+                   'model.position.extension_factor': 16.0, 'init_from.step': 2400, **source}
+  directory, description, cells = _probe('rope', seed, counts, configuration=configuration,
+                                         source_seeds=[source_seed])
+  return directory.replace('rope-seed', f'rope-{method}-512-from{source_seed}-seed'), description, cells
+
+
+def test_fine_tunes_are_a_row_of_their_own_with_their_sources_seeds_as_replicates():
+  rows = probe_grid.group(_sweep() + [_fine_tune(source, 0, ROPE[source]) for source in (0, 1, 2)])
+  assert [(row.label, sorted(row.by_seeds)) for row in rows][-1] == ('rope + yarn x16, fine-tuned at 512',
+                                                                     [(0, 0), (1, 0), (2, 0)])
+  assert probe_grid.seed_rates(rows[-1], 256) == probe_grid.seed_rates(rows[0], 256)
+  with pytest.raises(ValueError, match=r'both rope \+ yarn x16, fine-tuned at 512 seed 1/0; valid: each run once'):
+    probe_grid.group([_fine_tune(1, 0, ROPE[1]), _fine_tune(1, 0, ROPE[1])])
+  other = _fine_tune(2, 0, ROPE[2])
+  other[1]['run_configuration']['init_from.train.steps'] = 1200
+  with pytest.raises(ValueError, match=r'would mix configurations: init_from.train.steps is 1200'):
+    probe_grid.group([_fine_tune(0, 0, ROPE[0]), other])
 
 
 def test_the_table_gives_the_mean_over_seeds_with_its_student_t_interval_and_each_seed():
@@ -74,6 +99,8 @@ def test_the_grid_files_are_written_and_the_csv_holds_every_cell(tmp_path):
     (lambda p: _probe('rope', 3, ROPE[0], configuration={'train.steps': 3000}),
      'the rope row would mix configurations: train.steps is 3000 in runs/rope-seed3/evaluations/passkey-none and '
      '2400 in runs/rope-seed0/evaluations/passkey-none; valid: runs that differ only in their seed'),
+    (lambda p: _probe('rope', 3, ROPE[0], checkpoint_step=1200),
+     'the rope row would mix configurations: checkpoint_step is 1200 in runs/rope-seed3/evaluations/passkey-none'),
     (lambda p: p[1], 'runs/rope-seed1/evaluations/passkey-none and runs/rope-seed1/evaluations/passkey-none are both '
                      'rope seed 1; valid: each run once'),
 ])

@@ -1,5 +1,6 @@
 """The retrieval grid of a sweep: the passkey or needle probes of several runs (experiments/runs/probes.py)
-grouped into rows, one per variant and extension method, with the runs' seeds as its replicates.
+grouped into rows, one per variant (as trained or fine-tuned) and extension method, with the runs' seeds as
+its replicates (experiments/runs/lineage.py).
 
 A row's rate at a length is, for each seed, the exact-match rate over every depth's trials; the table
 gives the mean over seeds with its 95% Student-t interval (experiments/sweeps/statistics.py) and each
@@ -10,7 +11,6 @@ seed are refused.
 """
 
 import csv
-import dataclasses
 import io
 import json
 import math
@@ -18,27 +18,21 @@ import os
 
 import numpy as np
 
+from experiments.runs import lineage
 from experiments.runs.probes import PROBES, wilson_interval
 from experiments.sweeps.statistics import mean_interval
 
 QUESTIONS = ('probe', 'needles', 'lengths', 'depths', 'trials', 'filler', 'seed')  # what every tabulated probe must share
 
 
-@dataclasses.dataclass
-class Row:
-  label: str                  # the variant, and the extension method with its factor
-  configuration: dict         # the runs' configuration without their seed (flattened)
-  cells_by_seed: dict         # {run seed: [cell, ...]} as probes.run_probe writes them
-  directories: dict           # {run seed: the evaluation directory}
-  questions: dict             # what the probes asked (QUESTIONS)
-
-
 def row_label(description: dict) -> str:
-  method = description['method']
-  if method == 'none':
-    return description['variant']
-  factor = '' if description['factor'] == 1 else f' x{description["factor"]:g}'
-  return f'{description["variant"]} + {method}{factor}'
+  """The variant as trained (with its fine-tuning, if any) and the extension it was probed with."""
+  return lineage.label(description['run_configuration'], description['method'], description['factor'])
+
+
+def seeds_of(description: dict) -> tuple:
+  """The probed run's seeds: its own after its sources' (experiments/runs/lineage.py)."""
+  return tuple(description.get('source_seeds', ())) + (description['run_seed'],)
 
 
 def _read(directory: str) -> tuple[dict, list]:
@@ -57,16 +51,18 @@ def _read(directory: str) -> tuple[dict, list]:
     return description, json.load(file)['cells']
 
 
-def collect(directories: list[str]) -> list[Row]:
-  """The rows of these probes' evaluation directories."""
-  return group([(directory, *_read(directory)) for directory in directories])
+def collect(directories: list[str]) -> tuple[list[lineage.Row], dict]:
+  """(the rows of these probes' evaluation directories, the questions they all asked)."""
+  probes = [(directory, *_read(directory)) for directory in directories]
+  return group(probes), {name: probes[0][1].get(name) for name in QUESTIONS}
 
 
-def group(probes: list[tuple[str, dict, list]]) -> list[Row]:
+def group(probes: list[tuple[str, dict, list]]) -> list[lineage.Row]:
   """(directory, its evaluation.json, its cells) of each probe, as rows in the order their labels first
-  appear; a mix of questions, of configurations in one row, or one run twice is refused."""
-  rows, questions = {}, None
-  for directory, description, cells in probes:
+  appear (each row's by_seeds holds its runs' cells); a mix of questions, of configurations in one row, or
+  one run twice is refused."""
+  probes, questions = list(probes), None
+  for directory, description, _ in probes:
     asked = {name: description.get(name) for name in QUESTIONS}
     if questions is None:
       questions = (directory, asked)
@@ -75,34 +71,24 @@ def group(probes: list[tuple[str, dict, list]]) -> list[Row]:
       name = differing[0]
       raise ValueError(f'--collect: {directory} was probed with {name} {asked[name]!r} and {questions[0]} with '
                        f'{questions[1][name]!r}; valid: probes that asked the same questions')
-    label, seed = row_label(description), description['run_seed']
-    row = rows.setdefault(label, Row(label, description['run_configuration'], {}, {}, asked))
-    changed = sorted(name for name in set(row.configuration) | set(description['run_configuration'])
-                     if row.configuration.get(name) != description['run_configuration'].get(name))
-    if changed:
-      name = changed[0]
-      first = next(iter(row.directories.values()))
-      raise ValueError(f'the {label} row would mix configurations: {name} is '
-                       f'{description["run_configuration"].get(name)!r} in {directory} and '
-                       f'{row.configuration.get(name)!r} in {first}; valid: runs that differ only in their seed')
-    if seed in row.cells_by_seed:
-      raise ValueError(f'{directory} and {row.directories[seed]} are both {label} seed {seed}; valid: each run once')
-    row.cells_by_seed[seed], row.directories[seed] = cells, directory
-  return list(rows.values())
+  return lineage.group((row_label(description),
+                        lineage.evaluated_at(lineage.Lineage(description['run_configuration'], seeds_of(description)),
+                                             description['checkpoint_step']), directory, cells)
+                       for directory, description, cells in probes)
 
 
-def seed_rates(row: Row, length: int) -> list[float]:
+def seed_rates(row: lineage.Row, length: int) -> list[float]:
   """Each seed's rate of right answers at `length` over every depth's trials, in seed order."""
   rates = []
-  for seed in sorted(row.cells_by_seed):
-    cells = [cell for cell in row.cells_by_seed[seed] if cell['length'] == length]
+  for seed in sorted(row.by_seeds):
+    cells = [cell for cell in row.by_seeds[seed] if cell['length'] == length]
     rates.append(sum(cell['correct'] for cell in cells) / sum(cell['trials'] for cell in cells))
   return rates
 
 
-def pooled(row: Row, length: int, depth: float) -> tuple[int, int]:
+def pooled(row: lineage.Row, length: int, depth: float) -> tuple[int, int]:
   """(correct, trials) of one cell over the row's seeds."""
-  cells = [cell for cells in row.cells_by_seed.values() for cell in cells
+  cells = [cell for cells in row.by_seeds.values() for cell in cells
            if cell['length'] == length and cell['depth'] == depth]
   return sum(cell['correct'] for cell in cells), sum(cell['trials'] for cell in cells)
 
@@ -116,13 +102,13 @@ def _rate_text(rates: list[float]) -> str:
 SCORES = {'passkey': 'Passkey exact-match rate', 'needle': 'Needle string-match rate ({needles} needles, one asked for)'}
 
 
-def tables(rows: list[Row], lengths: list[int], depths: list[float], trials: int, probe: str = 'passkey',
+def tables(rows: list[lineage.Row], lengths: list[int], depths: list[float], trials: int, probe: str = 'passkey',
            needles: int = 0) -> str:
   """results.md: the rate by length per row (mean over seeds, each seed's), then each row's pooled grid."""
   header = ['row', 'seeds'] + [str(length) for length in lengths]
   lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
   for row in rows:
-    lines.append(f'| {row.label} | {len(row.cells_by_seed)} | ' +
+    lines.append(f'| {row.label} | {len(row.by_seeds)} | ' +
                  ' | '.join(_rate_text(seed_rates(row, length)) for length in lengths) + ' |')
   score = SCORES[probe].format(needles=needles)
   text = ('\n'.join(lines) + f'\n\n{score} at each prompt length over {len(depths)} depths x {trials} '
@@ -142,19 +128,19 @@ def tables(rows: list[Row], lengths: list[int], depths: list[float], trials: int
   return text
 
 
-def csv_text(rows: list[Row]) -> str:
+def csv_text(rows: list[lineage.Row]) -> str:
   buffer = io.StringIO()
   writer = csv.writer(buffer)
   writer.writerow(['row', 'seed', 'length', 'depth', 'correct', 'trials', 'evaluation'])
   for row in rows:
-    for seed in sorted(row.cells_by_seed):
-      for cell in row.cells_by_seed[seed]:
-        writer.writerow([row.label, seed, cell['length'], f'{cell["depth"]:g}', cell['correct'], cell['trials'],
+    for seed in sorted(row.by_seeds):
+      for cell in row.by_seeds[seed]:
+        writer.writerow([row.label, lineage.seeds_text(seed), cell['length'], f'{cell["depth"]:g}', cell['correct'], cell['trials'],
                          row.directories[seed]])
   return buffer.getvalue()
 
 
-def draw(path: str, rows: list[Row], lengths: list[int], depths: list[float]) -> None:
+def draw(path: str, rows: list[lineage.Row], lengths: list[int], depths: list[float]) -> None:
   """heatmaps.png: each row's pooled rate by depth and length, one panel per row."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -176,7 +162,7 @@ def draw(path: str, rows: list[Row], lengths: list[int], depths: list[float]) ->
     image = axes.imshow(rate_DxL, vmin=0.0, vmax=1.0, cmap='RdYlGn', aspect='auto')
     axes.set_xticks(range(len(lengths)), [str(length) for length in lengths], fontsize=7)
     axes.set_yticks(range(len(depths)), [f'{depth:g}' for depth in depths], fontsize=7)
-    seeds = len(row.cells_by_seed)
+    seeds = len(row.by_seeds)
     axes.set_title(f'{row.label} ({seeds} seed{"s" if seeds > 1 else ""})', fontsize=8)
   for axes in axes_grid[:, 0]:
     axes.set_ylabel('needle depth', fontsize=8)
@@ -187,15 +173,14 @@ def draw(path: str, rows: list[Row], lengths: list[int], depths: list[float]) ->
   plt.close(figure)
 
 
-def write(output: str, rows: list[Row]) -> list[str]:
+def write(output: str, rows: list[lineage.Row], probe: str = 'passkey', needles: int = 0) -> list[str]:
   """results.md, results.csv and heatmaps.png in `output`, each written whole or not at all."""
   from experiments.shared.files import write_text_atomically  # pylint: disable=g-import-not-at-top
-  first = next(iter(rows[0].cells_by_seed.values()))
+  first = next(iter(rows[0].by_seeds.values()))
   lengths = sorted({cell['length'] for cell in first})
   depths = sorted({cell['depth'] for cell in first})
   os.makedirs(output, exist_ok=True)
   paths = [os.path.join(output, name) for name in ('results.md', 'results.csv', 'heatmaps.png')]
-  probe, needles = rows[0].questions['probe'], rows[0].questions['needles']
   write_text_atomically(paths[0], tables(rows, lengths, depths, first[0]['trials'], probe, needles))
   write_text_atomically(paths[1], csv_text(rows))
   draw(paths[2], rows, lengths, depths)

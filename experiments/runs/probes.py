@@ -123,14 +123,6 @@ def _next_logits_function(model, params, length: int, extra: int):
   return next_logits
 
 
-def run_configuration(resolved: dict) -> dict:
-  """A run's configuration as the passkey grid groups runs (experiments/runs/probe_grid.py): flattened, without
-  its seed and without the fields a restart may change (they leave its numbers as they are)."""
-  from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
-  return {name: value for name, value in run_record.flatten(resolved).items()
-          if name != 'seed' and name not in run_record.RESUMABLE_FIELDS}
-
-
 def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=print,
               check_only: bool = False) -> tuple[str, dict, list]:
   """The probe's grid of one run under one extension (experiments/runs/long_context.Request's method and
@@ -142,7 +134,7 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   import json
   import os
   import transformer
-  from experiments.runs import checkpoints, long_context, run_record
+  from experiments.runs import checkpoints, lineage, long_context, run_record
   from experiments.shared.files import write_json_atomically
   if request.probe not in PROBES:
     raise ProbeError(f'--probe: got {request.probe!r}; valid: {", ".join(PROBES)}')
@@ -174,11 +166,13 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
     raise ValueError(f'--lengths: {max(request.lengths)} and its answer exceed the {rows} positions the '
                      f'{config.position.kind} table has; valid: lengths up to {rows - (longest - max(request.lengths))}')
   step = checkpoints.newest_intact_step(workdir)
+  run_lineage = lineage.of_run(workdir)
   description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
                      variant=config.position.kind, position=config.position.fields(), original_length=original,
                      trained_length=int(resolved['task']['max_length']), method=extension.method,
-                     factor=extension.factor, run_seed=resolved['seed'],
-                     run_configuration=run_configuration(resolved),
+                     factor=extension.factor, run_seed=run_lineage.seeds[-1],
+                     run_configuration=run_lineage.configuration,
+                     **({'source_seeds': list(run_lineage.seeds[:-1])} if len(run_lineage.seeds) > 1 else {}),
                      **{k: v for k, v in dataclasses.asdict(request).items()
                         if k != 'batch_size' and (k != 'needles' or request.probe == 'needle')})
   description = json.loads(json.dumps(description))  # tuples as the lists they read back as

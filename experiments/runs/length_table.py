@@ -1,0 +1,152 @@
+"""The table of long-context evaluations (experiments/runs/long_context.py) over several runs: a row per
+configuration (as trained, or fine-tuned from another run) and extension method, with the runs' seeds as
+its replicates (experiments/runs/lineage.py).
+
+Each row's score at a length is the mean over its seeds with the half-width of its 95% Student-t interval
+(experiments/sweeps/statistics.py; a row of one seed has no interval), and each seed's score is listed
+below. By position: the mean over seeds of each band of window positions at the longest length.
+"""
+
+import csv
+import io
+import math
+import os
+
+import numpy as np
+
+from experiments.runs import lineage, long_context
+from experiments.shared.files import save_figure_atomically, write_text_atomically
+from experiments.sweeps.results import line_style
+from experiments.sweeps.statistics import mean_interval
+
+
+def group(evaluations) -> list[lineage.Row]:
+  """(directory, its evaluation.json, its results by length) of each evaluation as rows (by_seeds holds
+  each run's results by length); a row that would mix configurations (the checkpoint's step among them), or
+  hold one run twice, is refused."""
+  items = []
+  for directory, description, results in evaluations:
+    run_lineage = lineage.of_run(description['run'])
+    label = lineage.label(run_lineage.configuration, description['method'], description['factor'],
+                          description['position_overrides'])
+    items.append((label, lineage.evaluated_at(run_lineage, description['checkpoint_step']), directory, results))
+  return lineage.group(items)
+
+
+def metric_of(rows: list[lineage.Row]) -> tuple[str, str]:
+  """(the results' score, its words): bits per byte for corpus runs, bits per character for Shakespeare."""
+  metric = long_context.record_metric(next(iter(next(iter(rows[0].by_seeds.values())).values())))
+  return metric, long_context.METRIC_LABELS[metric]
+
+
+def seed_values(row: lineage.Row, length: int, metric: str) -> list[float]:
+  """Each seed's score at `length`, in seed order."""
+  return [row.by_seeds[seeds][length][metric] for seeds in sorted(row.by_seeds)]
+
+
+def _mean_text(values: list[float]) -> str:
+  mean, half_width = mean_interval(values)
+  return f'{mean:.3f}' if math.isnan(half_width) else f'{mean:.3f} ± {half_width:.3f}'
+
+
+def _band_means(row: lineage.Row, length: int, bands) -> list[list[float]]:
+  """For each band, each seed's mean bits over the band's positions of a window of `length`."""
+  curves = [np.asarray(row.by_seeds[seeds][length]['bits_by_position']) for seeds in sorted(row.by_seeds)]
+  return [[float(curve[first - 1:last - 1].mean()) for curve in curves] for first, last in bands]  # positions 1..L-1
+
+
+def tables(rows: list[lineage.Row], lengths: list[int], trained: int, protocol: str) -> tuple[str, str, str]:
+  """(results.md, by_position.md, results.csv)."""
+  metric, words = metric_of(rows)
+  header = ['run', 'seeds'] + [str(length) for length in lengths]
+  by_length = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+  each_seed = ['| run | seed | ' + ' | '.join(str(length) for length in lengths) + ' |',
+               '|' + '---|' * (len(lengths) + 2)]
+  buffer = io.StringIO()
+  writer = csv.writer(buffer)
+  writer.writerow(['run', 'seed'] + [str(length) for length in lengths] + ['evaluation'])
+  for row in rows:
+    values_by_length = [seed_values(row, length, metric) for length in lengths]
+    by_length.append(f'| {row.label} | {len(row.by_seeds)} | ' +
+                     ' | '.join(_mean_text(values) for values in values_by_length) + ' |')
+    for index, seeds in enumerate(sorted(row.by_seeds)):
+      values = [values[index] for values in values_by_length]
+      each_seed.append(f'| {row.label} | {lineage.seeds_text(seeds)} | ' + ' | '.join(f'{v:.3f}' for v in values)
+                       + ' |')
+      writer.writerow([row.label, lineage.seeds_text(seeds)] + [f'{v:.5f}' for v in values]
+                      + [row.directories[seeds]])
+  results = ('\n'.join(by_length) + f'\n\n{words.capitalize()} on the held-out stream ({protocol}; the first run '
+             f'was trained at {trained}): the mean over seeds ± the half-width of its 95% Student-t interval.\n\n'
+             'Each seed (a fine-tune as its source\'s seed / its own):\n\n' + '\n'.join(each_seed) + '\n')
+  longest = lengths[-1]
+  bands = long_context.position_bands(longest, trained)
+  band_lines = ['| run | ' + ' | '.join(f'{first}-{last - 1}' for first, last in bands) + ' |',
+                '|' + '---|' * (len(bands) + 1)]
+  for row in rows:
+    band_lines.append(f'| {row.label} | ' + ' | '.join(_mean_text(values)
+                                                      for values in _band_means(row, longest, bands)) + ' |')
+  unit = 'character' if metric == 'bits_per_character' else 'token'
+  by_position = ('\n'.join(band_lines) + f'\n\nBits per {unit} at each position of a window of {longest}, averaged '
+                 f'over the windows and over the positions of each band, then over seeds ({protocol}; trained at '
+                 f'{trained}).\n')
+  return results, by_position, buffer.getvalue()
+
+
+def draw(path: str, rows: list[lineage.Row], lengths: list[int], trained: int) -> None:
+  """plot_extension.png: by length (the mean over seeds and its interval) and by position within the
+  longest window (the mean over seeds of each run's mean over windows, smoothed)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  metric, words = metric_of(rows)
+  figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
+  width = 1
+  for index, row in enumerate(rows):
+    style = line_style(index)
+    intervals = [mean_interval(seed_values(row, length, metric)) for length in lengths]
+    means = [mean for mean, _ in intervals]
+    by_length.plot(lengths, means, label=f'{row.label} ({len(row.by_seeds)})', **style)
+    if len(row.by_seeds) > 1:
+      by_length.fill_between(lengths, [m - h for m, h in intervals], [m + h for m, h in intervals],
+                             color=style['color'], alpha=0.15)
+    curve = np.mean([row.by_seeds[seeds][lengths[-1]]['bits_by_position'] for seeds in row.by_seeds], axis=0)
+    width = max(1, len(curve) // 64)
+    smooth = np.convolve(curve, np.ones(width) / width, mode='valid')
+    by_position.plot(np.arange(1, len(smooth) + 1) + width // 2, smooth, label=row.label, color=style['color'],
+                     linestyle=style['linestyle'])
+  by_length.set_xscale('log', base=2)
+  by_length.set_xlabel('window length')
+  by_length.set_ylabel(f'{words} (mean over seeds)')
+  by_position.set_xlabel(f'position within a window of {lengths[-1]} (mean over windows and seeds, '
+                         f'{width}-position average)')
+  by_position.set_ylabel('bits per character' if metric == 'bits_per_character' else 'bits per token')
+  for axes in (by_length, by_position):
+    axes.axvline(trained, color='grey', linewidth=0.8, linestyle=':')
+    axes.grid(alpha=0.3)
+  by_position.set_xscale('log', base=2)
+  by_length.legend(fontsize=7, title='row (seeds)', title_fontsize=7)
+  figure.tight_layout()
+  save_figure_atomically(figure, path, dpi=110)
+  plt.close(figure)
+
+
+def write(output: str, rows: list[lineage.Row], lengths: list[int], trained: int, protocol: str) -> list[str]:
+  """results.md, by_position.md, results.csv and plot_extension.png in `output`, each whole or not at all."""
+  os.makedirs(output, exist_ok=True)
+  paths = [os.path.join(output, name) for name in ('results.md', 'by_position.md', 'results.csv',
+                                                   'plot_extension.png')]
+  for path, text in zip(paths, tables(rows, lengths, trained, protocol)):
+    write_text_atomically(path, text)
+  draw(paths[3], rows, lengths, trained)
+  return paths
+
+
+def print_table(rows: list[lineage.Row], lengths: list[int]) -> None:
+  metric, words = metric_of(rows)
+  cells = [[_mean_text(seed_values(row, length, metric)) for length in lengths] for row in rows]
+  width = max(len(row.label) for row in rows)
+  cell_width = max(8, *(len(cell) for line in cells for cell in line))
+  print(f'\n{words} by window length (mean over seeds ± the 95% t half-width)')
+  print(f'{"run":<{width}} {"seeds":>5} ' + ' '.join(f'{length:>{cell_width}}' for length in lengths))
+  for row, line in zip(rows, cells):
+    print(f'{row.label:<{width}} {len(row.by_seeds):>5} ' + ' '.join(f'{cell:>{cell_width}}' for cell in line))
