@@ -14,6 +14,8 @@ Fine-tuning at 512 from a finished run, with a context extension of RoPE (config
 Retrieval (configs/shakespeare.py:passkey): a 3-layer decoder trained at 256 for 2,400 steps with nine in ten
           training rows passkey prompts and their answers (task.passkey_fraction), then probed beyond it:
           python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=256,512,1024,2048
+          and fine-tuned from such a run at 512 as :extend does, passkey rows kept (configs/shakespeare.py:passkey_extend,
+          original_length 256).
 Expected (measured, seed 0): 2.42-2.68 bits per character on the held-out plays at context 128 for
           every variant but NoPE (2.96), against 3.61 (bigram) and 4.78 (unigram) on the same
           positions; at 1024 ALiBi (2.52) and Shaw (2.46) stay flat while the absolute and TUPE
@@ -23,8 +25,8 @@ from configs import base
 
 
 def get_config(stage: str = 'train'):
-  if stage not in ('train', 'extend', 'passkey'):
-    raise ValueError(f'configs/shakespeare.py:{stage}: unknown stage; valid: train, extend, passkey')
+  if stage not in ('train', 'extend', 'passkey', 'passkey_extend'):
+    raise ValueError(f'configs/shakespeare.py:{stage}: unknown stage; valid: train, extend, passkey, passkey_extend')
   config = base.get_base_config()
   config.task.name = 'shakespeare'
   config.task.max_length = 128
@@ -42,21 +44,7 @@ def get_config(stage: str = 'train'):
   config.train.log_every = 100
   config.train.eval_every = 600
   config.train.checkpoint_every = 600
-  if stage == 'extend':
-    config.task.max_length = 512
-    config.task.eval_lengths = (512,)
-    config.task.eval_batches = 2
-    config.model.position.kind = 'rope'
-    config.model.position.original_length = 128
-    config.train.steps = 200
-    config.train.batch_size = 8
-    config.train.learning_rate = 1e-3
-    config.train.schedule = 'warmup_cosine'
-    config.train.warmup_steps = 20
-    config.train.log_every = 50
-    config.train.eval_every = 200
-    config.train.checkpoint_every = 100
-  if stage == 'passkey':
+  if stage in ('passkey', 'passkey_extend'):
     config.task.max_length = 256
     config.task.eval_lengths = (256, 512, 1024, 2048)
     config.task.passkey_fraction = 0.9
@@ -66,4 +54,18 @@ def get_config(stage: str = 'train'):
     config.train.batch_size = 16
     config.train.eval_every = 2400
     config.train.checkpoint_every = 1200
+  if stage in ('extend', 'passkey_extend'):
+    config.task.max_length = 512
+    config.task.eval_lengths = (512,)
+    config.task.eval_batches = 2
+    config.model.position.kind = 'rope'
+    config.model.position.original_length = 256 if stage == 'passkey_extend' else 128
+    config.train.steps = 200
+    config.train.batch_size = 8
+    config.train.learning_rate = 1e-3
+    config.train.schedule = 'warmup_cosine'
+    config.train.warmup_steps = 20
+    config.train.log_every = 50
+    config.train.eval_every = 200
+    config.train.checkpoint_every = 100
   return config
