@@ -99,7 +99,7 @@ def draw(path: str, rows: list[lineage.Row], lengths: list[int], trained: int) -
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   metric, words = metric_of(rows)
-  figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(13, 4.8))
+  figure, (by_length, by_position) = plt.subplots(1, 2, figsize=(16, 4.8))
   width = 1
   for index, row in enumerate(rows):
     style = line_style(index)
@@ -124,7 +124,8 @@ def draw(path: str, rows: list[lineage.Row], lengths: list[int], trained: int) -
     axes.axvline(trained, color='grey', linewidth=0.8, linestyle=':')
     axes.grid(alpha=0.3)
   by_position.set_xscale('log', base=2)
-  by_length.legend(fontsize=7, title='row (seeds)', title_fontsize=7)
+  by_position.legend(*by_length.get_legend_handles_labels(), fontsize=7, title='row (seeds)', title_fontsize=7,
+                     loc='center left', bbox_to_anchor=(1.01, 0.5))
   figure.tight_layout()
   save_figure_atomically(figure, path, dpi=110)
   plt.close(figure)
