@@ -38,7 +38,8 @@ import os
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, length_table, long_context, probe_grid, probes, rope_scaling, run_record, windows
+from experiments.runs import (checkpoints, length_table, long_context, probe_grid, probes, rope_scaling, run_record,
+                              windows)
 from experiments.shared import cli
 from transformer.positions.extension import ExtensionSettings, METHODS
 

@@ -21,8 +21,8 @@ def _run(directory, seed: int, width: int = 32, init_from: str = '', **position)
   """A run directory with only its config.json (and init_from.json for a fine-tune): what lineage reads."""
   os.makedirs(directory)
   config = dict(seed=seed, task=dict(name='shakespeare', max_length=32 if init_from else 16),
-                model=dict(model_dim=width, position=dict(dict(kind='rope', rope_extension='none', extension_factor=1.0),
-                                                       **position)),
+                model=dict(model_dim=width, position=dict(dict(kind='rope', rope_extension='none',
+                                                            extension_factor=1.0), **position)),
                 train=dict(steps=1200, init_from=init_from, log_every=10))
   with open(os.path.join(directory, 'config.json'), 'w') as file:
     json.dump(config, file)
@@ -97,6 +97,13 @@ def test_the_table_gives_the_mean_over_seeds_with_its_student_t_interval_and_eac
   band_half_width = stats.t.ppf(0.975, 2) * second_half.std(ddof=1) / np.sqrt(3)
   assert f'| {second_half.mean():.3f} ± {band_half_width:.3f} |' in by_position.splitlines()[2]
   assert '| run | 1-15 | 16-31 |' in by_position
+
+
+def test_a_long_override_is_named_by_its_hash_in_the_label(sweep):
+  directory, description, results = _evaluation(sweep[0][1]['run'], BASE[0], 'longrope', 2.0)
+  description['position_overrides'] = [['longrope_long_factors', ' '.join(['1.5'] * 16)]]
+  label = length_table.group([(directory, description, results)])[0].label
+  assert label.startswith('rope + longrope x2 + longrope_long_factors=sha') and len(label) < 60
 
 
 def test_the_files_are_written(sweep, tmp_path):

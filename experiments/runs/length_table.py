@@ -27,8 +27,8 @@ def group(evaluations) -> list[lineage.Row]:
   items = []
   for directory, description, results in evaluations:
     run_lineage = lineage.of_run(description['run'])
-    label = lineage.label(run_lineage.configuration, description['method'], description['factor'],
-                          description['position_overrides'])
+    overrides = [(field, long_context.override_text(value)) for field, value in description['position_overrides']]
+    label = lineage.label(run_lineage.configuration, description['method'], description['factor'], overrides)
     items.append((label, lineage.evaluated_at(run_lineage, description['checkpoint_step']), directory, results))
   return lineage.group(items)
 

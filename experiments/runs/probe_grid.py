@@ -135,8 +135,8 @@ def csv_text(rows: list[lineage.Row]) -> str:
   for row in rows:
     for seed in sorted(row.by_seeds):
       for cell in row.by_seeds[seed]:
-        writer.writerow([row.label, lineage.seeds_text(seed), cell['length'], f'{cell["depth"]:g}', cell['correct'], cell['trials'],
-                         row.directories[seed]])
+        writer.writerow([row.label, lineage.seeds_text(seed), cell['length'], f'{cell["depth"]:g}', cell['correct'],
+                         cell['trials'], row.directories[seed]])
   return buffer.getvalue()
 
 
