@@ -2,7 +2,6 @@
 bad configurations is in test_robustness.py.)"""
 
 import json
-import os
 import pathlib
 import signal
 import socket

@@ -105,8 +105,8 @@ def markdown(ranking: Ranking, commands: Optional[list] = None) -> str:
   for variant in by_mrr:
     task_cells = ' | '.join(f'{mean_ranks[t][variant]:g}' for t in ranking.tasks)
     lines.append(f'| {variant} | {_interval([ranking.reciprocal_ranks[variant][s] for s in seeds])} | {task_cells} |')
-  lines += ['', f'A task\'s rank column ranks the variants by their mean score over seeds; the MRR ranks them per '
-                f'seed, then averages.', '',
+  lines += ['', 'A task\'s rank column ranks the variants by their mean score over seeds; the MRR ranks them per '
+                'seed, then averages.', '',
             f'### {ranking.metric} beyond the training length, per task (mean ± the 95% interval over seeds)', '',
             '| variant | ' + ' | '.join(f'{t} ({", ".join(map(str, ranking.beyond[t]))})' for t in ranking.tasks) + ' |',
             '|---|' + '---|' * len(ranking.tasks)]
