@@ -23,12 +23,10 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 import transformer
+from experiments.runs.run_record import INIT_FROM_FILE
 from experiments.shared.files import sha256_of_file, write_json_atomically
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
-
-
-INIT_FROM_FILE = 'init_from.json'
 
 
 class CheckpointMismatch(ValueError):

@@ -31,7 +31,7 @@ def of_run(workdir: str) -> Lineage:
   seeds = (int(resolved['seed']),)
   if not configuration.get('train.init_from'):
     return Lineage(configuration, seeds)
-  record_path = os.path.join(workdir, 'init_from.json')  # checkpoints.INIT_FROM_FILE, written at the run's start
+  record_path = os.path.join(workdir, run_record.INIT_FROM_FILE)
   if not os.path.exists(record_path):
     raise FileNotFoundError(f'{workdir}: fine-tuned from {configuration["train.init_from"]} but has no '
                             f'{record_path}; valid: a fine-tuned run that has started')

@@ -22,6 +22,7 @@ from transformer.positions.extension import ExtensionSettings
 CONFIG_FILE = 'config.json'
 CHANGES_FILE = 'config_changes.jsonl'
 SUMMARY_FILE = 'summary.json'
+INIT_FROM_FILE = 'init_from.json'  # a fine-tune's source and the step it started from (checkpoints.initial_params)
 
 # Fields added after records were written, with the value every run had before the field existed: a
 # record without one ran with that value, so it is read as having it.
