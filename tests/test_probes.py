@@ -33,6 +33,11 @@ def _find(ids: list, part: list, last: bool = False) -> int:
   return found[-1] if last else found[0]
 
 
+def _rerun(next_logits):
+  """The probe's decoder for a model given as next_logits(ids_BxL): the whole prefix rerun at every token."""
+  return lambda prompts_BxL, tokens: probes.greedy_continuations(next_logits, prompts_BxL, tokens)
+
+
 def _copier(codec):
   """A model that copies: it finds "The pass key is" in its input and, for the k-th token after the
   question, writes the k-th token that follows it there."""
@@ -88,7 +93,7 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
   codec, stream = _codec_and_stream(name)
   copier = _copier(codec)
   for depth in (0.0, 0.5, 1.0):
-    cell = probes.probe_cell(codec, copier, stream, 128, depth, trials=8, seed=0, batch_size=8)
+    cell = probes.probe_cell(codec, _rerun(copier), stream, 128, depth, trials=8, seed=0, batch_size=8)
     assert cell['correct'] == 8 and cell['rate'] == 1.0, cell['answers']
     assert cell['answers'] == [passkey.passkey_key(0, trial) for trial in range(8)]
     assert cell['low'] == pytest.approx(8 / (8 + 1.959964 ** 2), rel=1e-5) and cell['high'] == pytest.approx(1.0)
@@ -104,7 +109,7 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
           logits[row, list(codec.encode(str((int(last) + 1) % 10)))[0]] = 1.0
       return logits
 
-    cell = probes.probe_cell(codec, almost, stream, 128, 0.5, trials=8, seed=0)
+    cell = probes.probe_cell(codec, _rerun(almost), stream, 128, 0.5, trials=8, seed=0)
     assert cell['correct'] == 0 and all(answer[:4] == passkey.passkey_key(0, trial)[:4]
                                         for trial, answer in enumerate(cell['answers']))
 
@@ -113,7 +118,7 @@ def test_a_model_that_copies_the_key_scores_one_and_one_that_cannot_scores_zero(
     logits[:, zero] = 1.0
     return logits
 
-  cell = probes.probe_cell(codec, constant, stream, 128, 0.5, trials=8, seed=0)
+  cell = probes.probe_cell(codec, _rerun(constant), stream, 128, 0.5, trials=8, seed=0)
   assert cell['correct'] == 0 and cell['rate'] == 0.0 and set(cell['answers']) == {'0' * (len(cell['answers'][0]))}
   assert cell['low'] == 0.0 and cell['high'] == pytest.approx(1.959964 ** 2 / (8 + 1.959964 ** 2), rel=1e-5)
 
@@ -158,9 +163,9 @@ def test_needles_sit_where_asked_and_only_the_asked_ones_number_scores(name):
       room = needles.filler_room(codec, 320, pairs)
       other_tokens_before = sum(len(piece) for piece, start in zip(pieces[1:], starts[1:]) if start < starts[0])
       assert starts[0] - 1 - other_tokens_before == round(depth * room)
-  right = probes.probe_cell(codec, _needle_copier(codec), stream, 320, 0.5, trials=8, seed=0, probe='needle')
+  right = probes.probe_cell(codec, _rerun(_needle_copier(codec)), stream, 320, 0.5, trials=8, seed=0, probe='needle')
   assert right['correct'] == 8 and right['rate'] == 1.0, right['answers']
-  first_found = probes.probe_cell(codec, _needle_copier(codec, wrong=True), stream, 320, 1.0, trials=8, seed=0,
+  first_found = probes.probe_cell(codec, _rerun(_needle_copier(codec, wrong=True)), stream, 320, 1.0, trials=8, seed=0,
                                   probe='needle')
   asked_first = sum(probes.probe_prompt('needle', codec, stream, 320, 1.0, 0, trial).needle_start ==
                     min(_find(probes.probe_prompt('needle', codec, stream, 320, 1.0, 0, trial).ids.tolist(),
@@ -177,6 +182,32 @@ def test_a_needle_probe_that_cannot_be_built_is_refused_in_one_line():
   with pytest.raises(passkey.ProbeError, match=r'^--lengths: got 120; valid: at least \d+ tokens, the first token, 4 '
                                               r'needles and the question$'):
     needles.filler_room(codec, 120, needles.needle_pairs(0, 0, 4))
+
+
+@pytest.mark.parametrize('kind, position', [('rope', dict(rope_extension='dynamic_ntk', original_length=8)),
+                                            ('alibi', {}), ('fox', {})])
+def test_the_cached_decoder_writes_what_rerunning_the_whole_prefix_writes(kind, position):
+  """The probes decode through the model's cache; a greedy decoder rerunning the whole prefix for each token
+  writes the same tokens (dynamic NTK: the prompt is past the original length, each token with its factor)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import transformer as T  # pylint: disable=g-import-not-at-top
+  from tests.helpers import init, tiny, tokens  # pylint: disable=g-import-not-at-top
+  model = T.DecoderOnly(tiny(kind, position=position))
+  prompts_BxL = np.asarray(tokens(4, 20, seed=4))
+  params = jax.tree_util.tree_map(lambda x: 3 * x, init(model, prompts_BxL)['params'])  # continuations that vary
+
+  def rerun(prompts_BxL, tokens):  # the whole buffer through the model for every token, no cache
+    generated = jax.jit(lambda p, x: T.decoder_only_generate(model, {'params': p}, x, tokens, use_cache=False))(
+        params, prompts_BxL)
+    return np.asarray(generated[:, prompts_BxL.shape[1]:])
+
+  decode = probes.cached_continuations(model, params, most_tokens=8)
+  expected = rerun(prompts_BxL, 6)
+  np.testing.assert_array_equal(decode(prompts_BxL, 6), expected)
+  assert len({tuple(row) for row in expected.tolist()}) == 4 and all(len(set(row)) > 1 for row in expected.tolist())
+  np.testing.assert_array_equal(decode(prompts_BxL[:, :17], 3), rerun(prompts_BxL[:, :17], 3))
+  with pytest.raises(ValueError, match='an answer of 9 tokens; valid: at most 8'):
+    decode(prompts_BxL, 9)
 
 
 def test_the_wilson_interval_is_the_textbook_one():

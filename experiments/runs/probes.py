@@ -28,7 +28,9 @@ def answered_key(text: str) -> str:
 
 def greedy_continuations(next_logits: Callable[[np.ndarray], np.ndarray], prompts_BxL: np.ndarray,
                          tokens: int) -> np.ndarray:
-  """B x tokens greedy continuations; next_logits(ids_BxL) gives the logits of the token after each row."""
+  """B x tokens greedy continuations by rerunning next_logits(ids_BxL), the logits of the token after each
+  row, on the whole prefix at every token: the reference cached_continuations is checked against, and the
+  decoder of the probes' tests."""
   ids = np.asarray(prompts_BxL)
   written = []
   for _ in range(tokens):
@@ -65,15 +67,16 @@ def scored(probe: str, prompt: Prompt, text: str) -> tuple[str, bool]:
   return answer, answer == prompt.key
 
 
-def probe_cell(codec: Codec, next_logits, stream: np.ndarray, length: int, depth: float, trials: int, seed: int,
+def probe_cell(codec: Codec, continuations, stream: np.ndarray, length: int, depth: float, trials: int, seed: int,
                classic: bool = False, batch_size: int = 8, probe: str = 'passkey', needles: int = 4) -> dict:
-  """One (length, depth) cell: `trials` prompts, decoded in batches; the rate of right answers and its interval."""
+  """One (length, depth) cell: `trials` prompts, decoded in batches by continuations(prompts_BxL, tokens) ->
+  B x tokens; the rate of right answers and its interval."""
   correct, answers = 0, []
   for first in range(0, trials, batch_size):
     prompts = [probe_prompt(probe, codec, stream, length, depth, seed, trial, classic, needles)
                for trial in range(first, min(trials, first + batch_size))]
     tokens = max(p.answer_tokens for p in prompts)
-    written = greedy_continuations(next_logits, np.stack([p.ids for p in prompts]), tokens)
+    written = continuations(np.stack([p.ids for p in prompts]), tokens)
     for prompt, row in zip(prompts, written):
       answer, right = scored(probe, prompt, codec.decode(row.tolist()))
       answers.append(answer)
@@ -104,23 +107,23 @@ def default_name(extension, request: ProbeRequest) -> str:
   return f'{request.probe}-{extension.method}{factor}-{request.filler}-{request.trials}{needles}'
 
 
-def _next_logits_function(model, params, length: int, extra: int):
-  """next_logits(ids_BxL) for L in [length, length + extra): the rows are padded to length + extra (a causal
-  model's logits at L - 1 do not see the padding), so each length compiles once."""
+def cached_continuations(model, params, most_tokens: int):
+  """continuations(prompts_BxL, tokens): the B x tokens greedy continuation of each prompt, decoded through
+  the model's cache (transformer.decoder_only_generate: one pass over the prompt, then a token per step).
+  Every call decodes `most_tokens` and keeps the first `tokens` (greedy decoding writes the same first tokens
+  however many follow), so each prompt length compiles once."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top
+  generate = jax.jit(lambda params, prompts_BxL: transformer.decoder_only_generate(
+      model, {'params': params}, prompts_BxL, most_tokens))
 
-  @jax.jit
-  def logits_at(params, ids_BxL, index):
-    logits = model.apply({'params': params}, ids_BxL, valid_BxL=jnp.ones(ids_BxL.shape, bool))
-    return logits[:, index].astype(jnp.float32)
+  def continuations(prompts_BxL, tokens: int) -> np.ndarray:
+    if tokens > most_tokens:
+      raise ValueError(f'an answer of {tokens} tokens; valid: at most {most_tokens}, the decoder\'s budget')
+    generated = np.asarray(generate(params, np.asarray(prompts_BxL, np.int32)))
+    return generated[:, prompts_BxL.shape[1]:prompts_BxL.shape[1] + tokens]
 
-  def next_logits(ids_BxL):
-    padded = np.zeros((ids_BxL.shape[0], length + extra), np.int32)
-    padded[:, :ids_BxL.shape[1]] = ids_BxL
-    return np.asarray(logits_at(params, padded, ids_BxL.shape[1] - 1))
-
-  return next_logits
+  return continuations
 
 
 def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=print,
@@ -195,12 +198,12 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   params = checkpoints.restore_params(workdir, step)
   model = transformer.build_model(config, 'decoder_only')
   stream = task.stream('eval')
+  most_tokens = 1 + max(KEY_DIGITS, needles_prompts.VALUE_DIGITS) + ANSWER_SLACK  # a token holds a character or more
+  continuations = cached_continuations(model, params, most_tokens)
   cells = []
   for length in request.lengths:
-    next_logits = _next_logits_function(model, params, length, len(codec.encode(' ' + '9' * KEY_DIGITS)) +
-                                        ANSWER_SLACK)
     for depth in request.depths:
-      cells.append(probe_cell(codec, next_logits, stream, length, depth, request.trials, request.seed,
+      cells.append(probe_cell(codec, continuations, stream, length, depth, request.trials, request.seed,
                               classic=request.filler == 'classic', batch_size=request.batch_size,
                               probe=request.probe, needles=request.needles))
       cell = cells[-1]
