@@ -126,19 +126,8 @@ def cached_continuations(model, params, most_tokens: int):
   return continuations
 
 
-def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=print,
-              check_only: bool = False) -> tuple[str, dict, list]:
-  """The probe's grid of one run under one extension (experiments/runs/long_context.Request's method and
-  factor): RUN/evaluations/NAME/ gets evaluation.json (what was probed), results.json (every cell) and
-  heatmap.png. A directory that records another probe is refused; one that records this one and has its
-  results is read, not recomputed. Returns (the directory, what it records of the probe, the cells); with
-  check_only, every check and (the directory, the record, []) without writing anything."""
-  # pylint: disable=g-import-not-at-top
-  import json
-  import os
-  import transformer
-  from experiments.runs import checkpoints, lineage, long_context, run_record
-  from experiments.shared.files import write_json_atomically
+def _refuse_bad_request(request: ProbeRequest) -> None:
+  """A ProbeError naming the flag for a probe, filler, trial count or depth the probes cannot take."""
   if request.probe not in PROBES:
     raise ProbeError(f'--probe: got {request.probe!r}; valid: {", ".join(PROBES)}')
   if request.filler not in FILLERS:
@@ -148,12 +137,11 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   for depth in request.depths:
     if not 0.0 <= depth <= 1.0:
       raise ProbeError(f'--depths: got {depth}; valid: numbers in [0, 1] (0: right after the first token)')
-  resolved = run_record.stored_config(workdir)
-  if resolved is None:
-    raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
-  config, task = checkpoints.run_model(workdir)
-  codec = codec_for(task)
-  config, original = long_context.extended_config(config, resolved, extension)
+
+
+def _refuse_lengths_the_run_cannot_take(request: ProbeRequest, config, codec: Codec) -> None:
+  """A prompt too short for its needles and question, or one (with its answer) longer than the run's
+  variant takes: a ProbeError or ValueError naming --lengths."""
   for length in request.lengths:
     if request.probe == 'needle':
       needles_prompts.filler_room(codec, length, needles_prompts.needle_pairs(request.seed, 0, request.needles))
@@ -168,7 +156,16 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   if rows is not None and longest > rows:
     raise ValueError(f'--lengths: {max(request.lengths)} and its answer exceed the {rows} positions the '
                      f'{config.position.kind} table has; valid: lengths up to {rows - (longest - max(request.lengths))}')
-  step = checkpoints.newest_intact_step(workdir)
+
+
+def _description(workdir: str, request: ProbeRequest, extension, config, resolved: dict, original: int,
+                 step: int) -> dict:
+  """What evaluation.json records of a probe: the run (its checkpoint step, variant and lineage), the
+  extension and the request, as they read back from JSON."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  import os
+  from experiments.runs import lineage
   run_lineage = lineage.of_run(workdir)
   description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
                      variant=config.position.kind, position=config.position.fields(), original_length=original,
@@ -178,7 +175,32 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
                      **({'source_seeds': list(run_lineage.seeds[:-1])} if len(run_lineage.seeds) > 1 else {}),
                      **{k: v for k, v in dataclasses.asdict(request).items()
                         if k != 'batch_size' and (k != 'needles' or request.probe == 'needle')})
-  description = json.loads(json.dumps(description))  # tuples as the lists they read back as
+  return json.loads(json.dumps(description))  # tuples as the lists they read back as
+
+
+def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=print,
+              check_only: bool = False) -> tuple[str, dict, list]:
+  """The probe's grid of one run under one extension (experiments/runs/long_context.Request's method and
+  factor): RUN/evaluations/NAME/ gets evaluation.json (what was probed), results.json (every cell) and
+  heatmap.png. A directory that records another probe is refused; one that records this one and has its
+  results is read, not recomputed. Returns (the directory, what it records of the probe, the cells); with
+  check_only, every check and (the directory, the record, []) without writing anything."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  import os
+  import transformer
+  from experiments.runs import checkpoints, long_context, run_record
+  from experiments.shared.files import write_json_atomically
+  _refuse_bad_request(request)
+  resolved = run_record.stored_config(workdir)
+  if resolved is None:
+    raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
+  config, task = checkpoints.run_model(workdir)
+  codec = codec_for(task)
+  config, original = long_context.extended_config(config, resolved, extension)
+  _refuse_lengths_the_run_cannot_take(request, config, codec)
+  step = checkpoints.newest_intact_step(workdir)
+  description = _description(workdir, request, extension, config, resolved, original, step)
   directory = os.path.join(workdir, long_context.EVALUATIONS, name or default_name(extension, request))
   spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.json')
   if os.path.exists(spec_path):
@@ -195,20 +217,17 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
     return directory, description, []
   os.makedirs(directory, exist_ok=True)
   write_json_atomically(spec_path, description)
-  params = checkpoints.restore_params(workdir, step)
-  model = transformer.build_model(config, 'decoder_only')
-  stream = task.stream('eval')
   most_tokens = 1 + max(KEY_DIGITS, needles_prompts.VALUE_DIGITS) + ANSWER_SLACK  # a token holds a character or more
-  continuations = cached_continuations(model, params, most_tokens)
-  cells = []
+  continuations = cached_continuations(transformer.build_model(config, 'decoder_only'),
+                                       checkpoints.restore_params(workdir, step), most_tokens)
+  stream, cells = task.stream('eval'), []
   for length in request.lengths:
     for depth in request.depths:
       cells.append(probe_cell(codec, continuations, stream, length, depth, request.trials, request.seed,
                               classic=request.filler == 'classic', batch_size=request.batch_size,
                               probe=request.probe, needles=request.needles))
-      cell = cells[-1]
-      log(f'{workdir} {extension.method}: {request.probe} at length {length}, depth {depth:g}: {cell["correct"]}/'
-          f'{cell["trials"]} ({cell["low"]:.2f}-{cell["high"]:.2f})')
+      log(f'{workdir} {extension.method}: {request.probe} at length {length}, depth {depth:g}: '
+          f'{cells[-1]["correct"]}/{cells[-1]["trials"]} ({cells[-1]["low"]:.2f}-{cells[-1]["high"]:.2f})')
   write_json_atomically(results_path, dict(cells=cells))
   draw_heatmap(os.path.join(directory, 'heatmap.png'), cells, f'{os.path.basename(os.path.abspath(workdir))} '
                f'{extension.method}: {request.probe} retrieval')
