@@ -75,10 +75,16 @@ def test_a_bad_sweep_is_refused_in_one_line_before_any_run_starts(tmp_path, extr
 
 
 @pytest.mark.slow
-def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_path):
-  uninterrupted = subprocess.run(_compare(tmp_path / 'whole'), cwd=ROOT, env=_environment(), capture_output=True,
-                                 text=True, timeout=900)
+def test_killed_sweep_resumes_without_retraining_and_gives_the_table_of_an_uninterrupted_one_in_two_jobs(tmp_path):
+  """One uninterrupted sweep in two jobs side by side; one in one job, killed mid-sweep and rerun: the rerun
+  trains only what had not finished, and both give the same table."""
+  uninterrupted = subprocess.run(_compare(tmp_path / 'whole', '--jobs=2'), cwd=ROOT, env=_environment(),
+                                 capture_output=True, text=True, timeout=900)
   assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+  second_started = uninterrupted.stderr.index('[program 2/2] alibi-seed0: training in job 2 of 2')
+  assert second_started < uninterrupted.stderr.index('none-seed0: finished (')  # side by side, not in turn
+  for run in ('none-seed0', 'alibi-seed0'):
+    assert (tmp_path / 'whole' / run / 'train.log').read_text().splitlines()[0].endswith(')')
 
   sweep = tmp_path / 'killed'
   process = subprocess.Popen(_compare(sweep), cwd=ROOT, env=_environment(), stdout=subprocess.DEVNULL,
@@ -94,6 +100,7 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
 
   rerun = subprocess.run(_compare(sweep), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900)
   assert rerun.returncode == 0, rerun.stderr[-2000:]
+  assert 'job 2 of 2' not in rerun.stderr
   for name, mtime in finished_before.items():
     assert f'{name}: finished earlier with this configuration, skipped' in rerun.stderr
     assert (sweep / name / 'summary.json').stat().st_mtime_ns == mtime
@@ -109,23 +116,6 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_same_table(tmp_pa
       f"change in a run); use a new --workdir, or the run's own configuration (config.json there)"
       for name in ('none-seed0', 'alibi-seed0')]
   assert {str(p): p.stat().st_mtime_ns for p in sweep.glob('**/*') if p.is_file()} == before
-
-
-@pytest.mark.slow
-def test_two_jobs_train_side_by_side_and_give_the_table_of_one(tmp_path):
-  one = subprocess.run(_compare(tmp_path / 'one'), cwd=ROOT, env=_environment(), capture_output=True, text=True,
-                       timeout=900)
-  assert one.returncode == 0, one.stderr[-2000:]
-  two = subprocess.run(_compare(tmp_path / 'two', '--jobs=2'), cwd=ROOT, env=_environment(), capture_output=True,
-                       text=True, timeout=900)
-  assert two.returncode == 0, two.stderr[-2000:]
-  for name in ('results.md', 'results.csv'):
-    assert (tmp_path / 'two' / name).read_text() == (tmp_path / 'one' / name).read_text()
-  assert 'job 2 of 2' not in one.stderr
-  second_started = two.stderr.index('[program 2/2] alibi-seed0: training in job 2 of 2')
-  assert second_started < two.stderr.index('none-seed0: finished (')  # side by side, not one after the other
-  for run in ('none-seed0', 'alibi-seed0'):
-    assert (tmp_path / 'two' / run / 'train.log').read_text().splitlines()[0].endswith(')')
 
 
 @pytest.mark.slow
