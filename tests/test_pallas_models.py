@@ -41,12 +41,14 @@ def _decoder_loss(model, inputs, valid):
 @pytest.mark.parametrize('kind', SERVED)
 def test_a_decoder_with_the_kernel_gives_the_explicit_logits_and_gradients(kind):
   """Length 11 in blocks of 4 (a tail block), padding at the end of the second row, the variant's
-  parameters made non-zero."""
+  parameters made non-zero; one layer, two where something crosses layers (T5's shared bias, a pattern)."""
   inputs = tokens(2, 11)
   valid = jnp.asarray(np.arange(11)[None] < np.array([[11], [8]]))
   position = dict(layer_pattern='alibi,none') if kind == 'layer_pattern' else {}
-  explicit = T.DecoderOnly(tiny(kind, position=position, attention_implementation='explicit'))
-  kernel = T.DecoderOnly(tiny(kind, position=position, attention_implementation='pallas', attention_block_size=4))
+  layers = dict(num_decoder_layers=2 if kind in ('t5', 'layer_pattern') else 1)
+  explicit = T.DecoderOnly(tiny(kind, position=position, attention_implementation='explicit', **layers))
+  kernel = T.DecoderOnly(tiny(kind, position=position, attention_implementation='pallas', attention_block_size=4,
+                              **layers))
   params = random_positions(init(explicit, inputs))
   (_, explicit_logits), explicit_grads = jax.jit(jax.value_and_grad(_decoder_loss(explicit, inputs, valid),
                                                                     has_aux=True))(params)
