@@ -205,7 +205,7 @@ def test_the_cached_decoder_writes_what_rerunning_the_whole_prefix_writes(kind, 
   expected = rerun(prompts_BxL, 6)
   np.testing.assert_array_equal(decode(prompts_BxL, 6), expected)
   assert len({tuple(row) for row in expected.tolist()}) == 4 and all(len(set(row)) > 1 for row in expected.tolist())
-  np.testing.assert_array_equal(decode(prompts_BxL[:, :17], 3), rerun(prompts_BxL[:, :17], 3))
+  np.testing.assert_array_equal(decode(prompts_BxL, 3), expected[:, :3])  # the first tokens of the same decoding
   with pytest.raises(ValueError, match='an answer of 9 tokens; valid: at most 8'):
     decode(prompts_BxL, 9)
 
