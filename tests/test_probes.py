@@ -34,8 +34,15 @@ def _find(ids: list, part: list, last: bool = False) -> int:
 
 
 def _rerun(next_logits):
-  """The probe's decoder for a model given as next_logits(ids_BxL): the whole prefix rerun at every token."""
-  return lambda prompts_BxL, tokens: probes.greedy_continuations(next_logits, prompts_BxL, tokens)
+  """The probe's decoder for a model given as next_logits(ids_BxL), a NumPy function of the whole prefix: greedy,
+  the prefix rerun at every token."""
+  def continuations(prompts_BxL, tokens):
+    ids, written = np.asarray(prompts_BxL), []
+    for _ in range(tokens):
+      written.append(np.argmax(np.asarray(next_logits(ids)), axis=-1).astype(np.int32))
+      ids = np.concatenate([ids, written[-1][:, None]], axis=1)
+    return np.stack(written, axis=1)
+  return continuations
 
 
 def _copier(codec):

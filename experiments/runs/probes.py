@@ -8,7 +8,6 @@ trials (scipy.stats).
 
 import dataclasses
 import re
-from typing import Callable
 
 import numpy as np
 from scipy import stats
@@ -24,20 +23,6 @@ def answered_key(text: str) -> str:
   """The first run of digits in a decoded answer ('' if none)."""
   found = re.search(r'\d+', text)
   return found.group(0) if found else ''
-
-
-def greedy_continuations(next_logits: Callable[[np.ndarray], np.ndarray], prompts_BxL: np.ndarray,
-                         tokens: int) -> np.ndarray:
-  """B x tokens greedy continuations by rerunning next_logits(ids_BxL), the logits of the token after each
-  row, on the whole prefix at every token: the reference cached_continuations is checked against, and the
-  decoder of the probes' tests."""
-  ids = np.asarray(prompts_BxL)
-  written = []
-  for _ in range(tokens):
-    chosen = np.argmax(np.asarray(next_logits(ids)), axis=-1).astype(np.int32)
-    written.append(chosen)
-    ids = np.concatenate([ids, chosen[:, None]], axis=1)
-  return np.stack(written, axis=1)
 
 
 def wilson_interval(correct: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
