@@ -10,7 +10,6 @@ import dataclasses
 import re
 
 import numpy as np
-from scipy import stats
 
 from experiments.tasks import needles as needles_prompts
 from experiments.tasks.passkey import (ANSWER_SLACK, KEY_DIGITS, Codec, ProbeError, Prompt, codec_for, filler_for,
@@ -27,6 +26,7 @@ def answered_key(text: str) -> str:
 
 def wilson_interval(correct: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
   """The Wilson score interval of a rate (scipy.stats.binomtest)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top  (a second to import; commands that only train need none)
   interval = stats.binomtest(correct, trials).proportion_ci(confidence_level=confidence, method='wilson')
   return float(interval.low), float(interval.high)
 

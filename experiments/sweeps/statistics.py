@@ -9,8 +9,6 @@ mean; the difference is significant at 5% (a two-sided paired t-test) when that 
 import math
 from typing import Optional
 
-from scipy import stats
-
 CONFIDENCE = 0.95
 
 
@@ -21,6 +19,7 @@ def mean_interval(values: list, confidence: float = CONFIDENCE) -> tuple[float, 
   if count < 2:
     return mean, math.nan
   std = math.sqrt(sum((v - mean) ** 2 for v in values) / (count - 1))
+  from scipy import stats  # pylint: disable=g-import-not-at-top  (a second to import; one seed needs no interval)
   return mean, float(stats.t.ppf(0.5 + confidence / 2.0, count - 1)) * std / math.sqrt(count)
 
 
