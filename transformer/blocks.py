@@ -149,23 +149,7 @@ class TransformerStack(nn.Module):
       positions_BxL = self._randomized(length, valid_BxL)
     key_positions_BxLk, cache_index = positions_BxL, None
     if use_cache:
-      if not self.causal:
-        raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
-      step = self.has_variable('cache', 'index')
-      next_index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
-      slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
-      if step:
-        if valid_BxL is not None:
-          raise ValueError('valid_BxL: padding inside the decoded tokens is not supported with use_cache; '
-                           'valid: None')
-        cache_index = next_index.value
-        if config.randomized_max_length:  # the positions drawn for the whole capacity by the first call
-          positions_BxL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
-          key_positions_BxLk = slots.value
-        else:
-          positions_BxL = cache_index + positions_BxL  # traced: the hooks take their gathering paths
-          key_positions_BxLk = np.arange(slots.value.shape[1], dtype=np.int32)[None]
-        next_index.value = cache_index + length
+      positions_BxL, key_positions_BxLk, cache_index = self._cached_positions(positions_BxL, valid_BxL)
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = batch_split(hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype))  # a float32 table would promote
@@ -181,16 +165,8 @@ class TransformerStack(nn.Module):
         self_mask = documents if self_mask is None else jnp.logical_and(self_mask, documents)
     else:  # each query sees the slots up to its own position
       self_mask = (key_positions_BxLk[:, None, :] <= positions_BxL[:, :, None])[:, None]
-    memory_mask = None
-    if self.cross_attention:
-      memory_mask = cross_attention_mask(memory_valid_BxLs)
-      if config.aligned_cross_attention:
-        target_length = key_positions_BxLk.shape[1]  # the cache's capacity in a cached step
-        if memory_BxLsxD.shape[1] != target_length:
-          raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
-                           f'target length {target_length}; valid: aligned sequences of equal length')
-        mask = causal_mask(length) if cache_index is None else self_mask
-        memory_mask = mask if memory_mask is None else jnp.logical_and(mask, memory_mask)
+    memory_mask = None if not self.cross_attention else self._memory_mask(
+        memory_BxLsxD, memory_valid_BxLs, key_positions_BxLk.shape[1], None if cache_index is None else self_mask)
     layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
         TransformerLayer, policy=REMAT_SAVES[config.remat])
     cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
@@ -205,6 +181,43 @@ class TransformerStack(nn.Module):
       x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _cached_positions(self, positions_BxL, valid_BxL):
+    """(positions_BxL, key_positions_BxLk, cache_index) of a cached call. The first call creates the cache
+    (its capacity is this call's length) and computes as without one: cache_index None. A later call feeds
+    the positions after the cache's index and attends over every slot."""
+    if not self.causal:
+      raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
+    step = self.has_variable('cache', 'index')
+    next_index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+    slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
+    if not step:
+      return positions_BxL, positions_BxL, None
+    if valid_BxL is not None:
+      raise ValueError('valid_BxL: padding inside the decoded tokens is not supported with use_cache; '
+                       'valid: None')
+    cache_index = next_index.value
+    length = positions_BxL.shape[1]
+    if self.config.randomized_max_length:  # the positions drawn for the whole capacity by the first call
+      positions_BxL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
+      key_positions_BxLk = slots.value
+    else:
+      positions_BxL = cache_index + positions_BxL  # traced: the hooks take their gathering paths
+      key_positions_BxLk = np.arange(slots.value.shape[1], dtype=np.int32)[None]
+    next_index.value = cache_index + length
+    return positions_BxL, key_positions_BxLk, cache_index
+
+  def _memory_mask(self, memory_BxLsxD, memory_valid_BxLs, target_length: int, cached_step_mask):
+    """Cross-attention's mask: the source's padding and, with aligned_cross_attention, causal by step over a
+    source as long as the target (the cache's capacity in a cached step, whose mask is cached_step_mask)."""
+    memory_mask = cross_attention_mask(memory_valid_BxLs)
+    if not self.config.aligned_cross_attention:
+      return memory_mask
+    if memory_BxLsxD.shape[1] != target_length:
+      raise ValueError(f'aligned_cross_attention: source length {memory_BxLsxD.shape[1]} differs from '
+                       f'target length {target_length}; valid: aligned sequences of equal length')
+    aligned_mask = causal_mask(target_length) if cached_step_mask is None else cached_step_mask
+    return aligned_mask if memory_mask is None else jnp.logical_and(aligned_mask, memory_mask)
 
   def _check_packed(self, x_BxLxD, positions_BxL, segments_BxL, use_cache: bool) -> None:
     if positions_BxL is None or segments_BxL is None:
