@@ -7,6 +7,13 @@ import ml_collections
 def get_base_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0                      # seeds parameters, batches and dropout
+  for add_section in (_add_parallel, _add_task, _add_model, _add_train):
+    add_section(config)
+  return config
+
+
+def _add_parallel(config: ml_collections.ConfigDict) -> None:
+  """config.parallel: how a run is placed on devices."""
   config.parallel = ml_collections.ConfigDict()
   config.parallel.mode = 'pmap'        # 'pmap' (parameters replicated, gradients psum-ed) or 'mesh' (one jit program
   #                                      over a data x fsdp x tensor device mesh, NamedSharding, XLA's collectives)
@@ -18,6 +25,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.parallel.rules.mlp = 'tensor'   # feed-forward hidden units
   config.parallel.rules.vocab = ''       # vocabulary rows of the embedding and output matrices
 
+
+def _add_task(config: ml_collections.ConfigDict) -> None:
+  """config.task: what the model learns and is evaluated on."""
   config.task = ml_collections.ConfigDict()
   config.task.name = 'copy'            # see experiments/tasks: copy, reverse, ..., shakespeare, forecast
   config.task.model_kind = 'decoder_only'  # decoder_only, encoder_decoder or encoder_only (forecast)
@@ -35,6 +45,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.task.needle_fraction = 0.0    # shakespeare, corpus: the share that are prompts of several needles
   config.task.needles = 4              # the needles in each of those, one asked for
 
+
+def _add_model(config: ml_collections.ConfigDict) -> None:
+  """config.model and config.model.position: the architecture and its positional encoding."""
   config.model = ml_collections.ConfigDict()
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'
   config.model.model_dim = 64          # d_model
@@ -65,6 +78,9 @@ def get_base_config() -> ml_collections.ConfigDict:
   # Every other setting of a variant has its default in the variant's file (transformer/positions/) and is
   # set as --config.model.position.FIELD=VALUE; a run reads and records only its own variant's settings.
 
+
+def _add_train(config: ml_collections.ConfigDict) -> None:
+  """config.train: the optimisation, its schedule and the run's records."""
   config.train = ml_collections.ConfigDict()
   config.train.steps = 2000            # optimisation steps
   config.train.batch_size = 64         # global batch, split over every device of every host
@@ -85,7 +101,6 @@ def get_base_config() -> ml_collections.ConfigDict:
   config.train.keep_checkpoints = 2    # how many checkpoints to keep
   config.train.init_from = ''          # a finished run's workdir: start from its parameters (fine-tuning, e.g. at a
   #                                      longer length with a context extension); '': a fresh initialisation
-  return config
 
 
 def for_real_data(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
