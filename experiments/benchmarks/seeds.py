@@ -11,6 +11,7 @@ that time over one seed alone's, the time per seed-step, and the speed-up over t
 one after another (N x one alone / N in one program); peak resident memory.
 """
 
+import dataclasses
 import json
 import os
 import resource
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 from absl import flags
 
@@ -33,10 +35,22 @@ _JSON = flags.DEFINE_string('json', None, 'Also write the rows to this JSON file
 _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "config|seeds", and print its JSON.')
 
 
-def run_row(config_argument: str, count: int, overrides: dict | None = None) -> dict:
-  """One row: the config (with `overrides`, {dotted field: value}) stepped with `count` seeds in one program."""
+@dataclasses.dataclass
+class _Program:
+  """A config's training step for `count` seeds in one program, with its state placed and the step compiled."""
+  experiment: Any
+  replicas: Any
+  task: Any
+  placement: Any
+  state: Any
+  train_step: Any
+  parameters: int
+  memory: dict
+  state_bytes_on_first_device: int
+
+
+def _program(config_argument: str, count: int, overrides: dict | None) -> _Program:
   # pylint: disable=g-import-not-at-top
-  import dataclasses
   import functools
   import jax
   import transformer
@@ -57,27 +71,36 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
   placement = placement_for(experiment.parallel, batch_axis=replicas.batch_axis, state_specs=specs)
   state = placement.put_state(replicas.join(host_states))
   first = jax.devices()[0]
-  state_bytes_on_first = sum(shard.data.nbytes for leaf in jax.tree_util.tree_leaves(state)
-                             for shard in leaf.addressable_shards if shard.device == first)
   train_step = placement.compile_train_step(replicas.train_step(functools.partial(
       steps.train_step, model=model, task=task, experiment=experiment)))
+  return _Program(
+      experiment=experiment, replicas=replicas, task=task, placement=placement, state=state, train_step=train_step,
+      parameters=sum(x.size for x in jax.tree_util.tree_leaves(host_states[0].params)), memory=memory,
+      state_bytes_on_first_device=sum(shard.data.nbytes for leaf in jax.tree_util.tree_leaves(state)
+                                      for shard in leaf.addressable_shards if shard.device == first))
+
+
+def run_row(config_argument: str, count: int, overrides: dict | None = None) -> dict:
+  """One row: the config (with `overrides`, {dotted field: value}) stepped with `count` seeds in one program."""
+  import jax  # pylint: disable=g-import-not-at-top
+  program = _program(config_argument, count, overrides)
+  experiment, replicas, task, placement = program.experiment, program.replicas, program.task, program.placement
   seed_argument = replicas.seed_argument()
   batch_size = experiment.train.batch_size
-
   batch_times = []
 
   def one_step(state, step):
     started = time.perf_counter()
     batches = [task.batch(seed, step, 'train', batch_size) for seed in replicas.seeds]
     batch_times.append(time.perf_counter() - started)
-    state, metrics = train_step(state, placement.put_batch(replicas.join(batches)), seed_argument)
+    state, metrics = program.train_step(state, placement.put_batch(replicas.join(batches)), seed_argument)
     replicas.split(placement.to_host(metrics))
     return state
 
   started = time.perf_counter()
   first_batch = placement.put_batch(replicas.join([task.batch(seed, 0, 'train', batch_size) for seed in replicas.seeds]))
-  memory_analysis = train_step.lower(state, first_batch, seed_argument).compile().memory_analysis()
-  state = one_step(state, 0)
+  memory_analysis = program.train_step.lower(program.state, first_batch, seed_argument).compile().memory_analysis()
+  state = one_step(program.state, 0)
   compile_seconds = time.perf_counter() - started
   for step in range(1, 1 + _WARMUP.value):
     state = one_step(state, step)
@@ -87,21 +110,21 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
     started = time.perf_counter()
     state = one_step(state, step)
     times.append(time.perf_counter() - started)
-  parameters = sum(x.size for x in jax.tree_util.tree_leaves(host_states[0].params))
+  first = jax.devices()[0]
   stats = first.memory_stats() if first.platform != 'cpu' else None
   tokens = count * batch_size * experiment.task.max_length
-  flops = (model_flops_per_step(parameters, experiment.model.num_decoder_layers, experiment.model.model_dim,
+  flops = (model_flops_per_step(program.parameters, experiment.model.num_decoder_layers, experiment.model.model_dim,
                                 experiment.task.max_length, count * batch_size)
            if experiment.task.model_kind == 'decoder_only' else None)
   return dict(tokens_per_s=tokens / statistics.median(times), model_flops_per_step=flops,
               device_peak_bytes=stats['peak_bytes_in_use'] if stats else None, device_kind=first.device_kind,
               config=config_argument, seeds=count, compile_s=compile_seconds, step_ms=1e3 * statistics.median(times),
-              step_min_ms=1e3 * min(times), step_max_ms=1e3 * max(times), parameters=parameters,
+              step_min_ms=1e3 * min(times), step_max_ms=1e3 * max(times), parameters=program.parameters,
               batch_ms=1e3 * statistics.median(batch_times), batch_share=sum(batch_times) / sum(times),
               batch_size=batch_size, length=experiment.task.max_length,
               peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, devices=jax.device_count(),
-              backend=jax.default_backend(), state_bytes_on_first_device=state_bytes_on_first,
-              planned=memory, mesh=memory['mesh'],
+              backend=jax.default_backend(), state_bytes_on_first_device=program.state_bytes_on_first_device,
+              planned=program.memory, mesh=program.memory['mesh'],
               compiled_temporary_bytes=getattr(memory_analysis, 'temp_size_in_bytes', None),
               compiled_argument_bytes=getattr(memory_analysis, 'argument_size_in_bytes', None))
 
