@@ -65,19 +65,9 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   and the `band` keys before them.
   A query row whose keys are all masked gets zeros (as scaled_dot_product_attention gives).
   """
-  chex.assert_rank([query, key, value], 4)
-  chex.assert_equal_shape_prefix([key, value], 3)
-  for name, size in (('attention_block_size', block_size), ('attention_key_block_size', key_block_size)):
-    if size is not None and size <= 0:
-      raise ValueError(f'{name}: got {size}; valid: a positive number of positions')
+  _check_arguments(query, key, value, block_size, key_block_size, skip_future_blocks, band)
   batch, length_q, heads, head_dim = query.shape
   length_k = key.shape[1]
-  if skip_future_blocks and length_q != length_k:
-    raise ValueError(f'skip_future_blocks needs queries and keys at the same positions; got lengths '
-                     f'{length_q} and {length_k}')
-  if band is not None and (not skip_future_blocks or band < 0):
-    raise ValueError(f'band: got {band} (skip_future_blocks={skip_future_blocks}); valid: a distance >= 0, '
-                     f'in causal attention (skip_future_blocks=True)')
   if scale is None:
     scale = 1.0 / math.sqrt(head_dim)
   update = _update_with_weights if values_term is not None else _update
@@ -112,6 +102,21 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
+
+
+def _check_arguments(query, key, value, block_size, key_block_size, skip_future_blocks, band) -> None:
+  """ValueError naming the argument for block sizes, causal skipping or a band that cannot apply."""
+  chex.assert_rank([query, key, value], 4)
+  chex.assert_equal_shape_prefix([key, value], 3)
+  for name, size in (('attention_block_size', block_size), ('attention_key_block_size', key_block_size)):
+    if size is not None and size <= 0:
+      raise ValueError(f'{name}: got {size}; valid: a positive number of positions')
+  if skip_future_blocks and query.shape[1] != key.shape[1]:
+    raise ValueError(f'skip_future_blocks needs queries and keys at the same positions; got lengths '
+                     f'{query.shape[1]} and {key.shape[1]}')
+  if band is not None and (not skip_future_blocks or band < 0):
+    raise ValueError(f'band: got {band} (skip_future_blocks={skip_future_blocks}); valid: a distance >= 0, '
+                     f'in causal attention (skip_future_blocks=True)')
 
 
 def _key_blocks(q_start: int, last_key: int, key_block_size: Optional[int], band: Optional[int]):

@@ -354,6 +354,25 @@ def _flash_backward(static: _Static, residuals, d_out):
 _flash.defvjp(_flash_forward, _flash_backward)
 
 
+def _block_sizes(platform: str, block_q: int, block_k: int, length_q: int, length_k: int) -> tuple[int, int]:
+  """The blocks asked for, no longer than the lengths' next powers of two; on a TPU, Mosaic's: rows in
+  multiples of 8, the keys' lanes in multiples of 128."""
+  if platform == 'tpu':
+    block_q, block_k = max(block_q, 8), -(-max(block_k, 128) // 128) * 128
+  return min(block_q, _next_power_of_two(length_q)), min(block_k, _next_power_of_two(length_k))
+
+
+def _term_parameters(term: Optional[KernelTerm], heads: int) -> tuple[chex.Array, bool]:
+  """(the term's parameters H x 1 x A in float32, zeros without a term; whether it reads per-token data)."""
+  if term is None:
+    return jnp.zeros((heads, 1, 1), jnp.float32), False
+  chex.assert_shape(term.parameters_HxA, (heads, None))
+  uses_data = term.q_data_BxHxLq is not None
+  if (term.k_data_BxHxLk is not None) != uses_data:
+    raise ValueError('KernelTerm: q_data_BxHxLq and k_data_BxHxLk come together; valid: both or neither')
+  return term.parameters_HxA.astype(jnp.float32)[:, None, :], uses_data
+
+
 def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_BxLkxHxV: chex.Array, *,
                     causal: bool = False, key_valid_BxLk: Optional[chex.Array] = None,
                     q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
@@ -372,10 +391,7 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
   length_k, value_dim = key_BxLkxHxK.shape[1], value_BxLkxHxV.shape[3]
   chex.assert_shape(key_BxLkxHxK, (batch, length_k, heads, head_dim))
   scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-  if platform == 'tpu':  # Mosaic's blocks: rows in multiples of 8, the keys' lanes in multiples of 128
-    block_q, block_k = max(block_q, 8), -(-max(block_k, 128) // 128) * 128
-  block_q = min(block_q, _next_power_of_two(length_q))
-  block_k = min(block_k, _next_power_of_two(length_k))
+  block_q, block_k = _block_sizes(platform, block_q, block_k, length_q, length_k)
   padded_q = -(-length_q // block_q) * block_q
   padded_k = -(-length_k // block_k) * block_k
   width, value_width = _next_power_of_two(head_dim), _next_power_of_two(value_dim)
@@ -390,14 +406,7 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
 
   key_valid = jnp.ones((batch, length_k), jnp.float32) if key_valid_BxLk is None else (
       jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(jnp.float32))
-  if term is None:
-    params_Hx1xA = jnp.zeros((heads, 1, 1), jnp.float32)
-  else:
-    chex.assert_shape(term.parameters_HxA, (heads, None))
-    params_Hx1xA = term.parameters_HxA.astype(jnp.float32)[:, None, :]
-  uses_data = term is not None and term.q_data_BxHxLq is not None
-  if term is not None and (term.k_data_BxHxLk is not None) != uses_data:
-    raise ValueError('KernelTerm: q_data_BxHxLq and k_data_BxHxLk come together; valid: both or neither')
+  params_Hx1xA, uses_data = _term_parameters(term, heads)
 
   def data(given, length, padded):  # B x H x L' float32, zeros without data
     if not uses_data:
