@@ -98,25 +98,44 @@ def write_corpus(directory: str, files: list[str], tokenizer, settings: dict) ->
   return {split: writer.close() for split, writer in writers.items()}
 
 
+def _train_tokenizer(files: list[str], settings: dict) -> BpeTokenizer:
+  """A byte-level BPE vocabulary trained on the sample of the training split; InputError if it holds nothing."""
+  sampled = []
+
+  def counted_sample():
+    for document in _training_sample(files, settings):
+      sampled.append(len(document))
+      yield document
+
+  tokenizer = BpeTokenizer.train(counted_sample(), settings['vocab_size'])
+  if not sampled:
+    raise InputError(f'--input: {", ".join(settings["inputs"])}: no training documents (the input holds no text, '
+                     f'or --heldout_fraction holds out all of it); valid: text with documents to train on')
+  return tokenizer
+
+
+def _manifest(inputs: list, settings: dict, command: str, tokenizer, tokenizer_text: str, splits: dict) -> dict:
+  """What the corpus is and how it was made: its inputs, reading, tokenizer, splits and identity."""
+  tokenizer_sha256 = hashlib.sha256(tokenizer_text.encode('utf-8')).hexdigest()
+  return dict(
+      format=corpus_format.FORMAT, command=command,
+      inputs=[dict(path=item.path, bytes=item.bytes, sha256=item.sha256) for item in inputs],
+      reading=dict(separator=settings['separator'], text_field=settings['text_field'], errors=settings['errors'],
+                   heldout_fraction=settings['heldout_fraction'], split_by='sha256 of the document text'),
+      tokenizer=dict(kind=tokenizer.kind, vocab_size=tokenizer.vocab_size, sha256=tokenizer_sha256,
+                     requested_vocab_size=settings['vocab_size'],
+                     sample_bytes=settings['tokenizer_sample_bytes'] if tokenizer.kind == 'bpe' else 0),
+      dtype=settings['dtype'], eod=tokenizer.eod, splits=splits,
+      identity=corpus_format.identity(tokenizer_sha256, {s: e['sha256'] for s, e in splits.items()},
+                                      settings['dtype'], tokenizer.eod))
+
+
 def prepare(files: list[str], settings: dict, command: str) -> dict:
   """Writes the corpus to settings['output'] through a temporary folder beside it; the manifest."""
   output = os.path.abspath(settings['output'])
   inputs = [documents_lib.describe(path) for path in files]
   started = time.monotonic()
-  if settings['tokenizer'] == 'bpe':
-    sampled = []
-
-    def counted_sample():
-      for document in _training_sample(files, settings):
-        sampled.append(len(document))
-        yield document
-
-    tokenizer = BpeTokenizer.train(counted_sample(), settings['vocab_size'])
-    if not sampled:
-      raise InputError(f'--input: {", ".join(settings["inputs"])}: no training documents (the input holds no text, '
-                       f'or --heldout_fraction holds out all of it); valid: text with documents to train on')
-  else:
-    tokenizer = ByteTokenizer()
+  tokenizer = _train_tokenizer(files, settings) if settings['tokenizer'] == 'bpe' else ByteTokenizer()
   temporary = f'{output}.partial-{os.getpid()}'
   os.makedirs(temporary)
   try:
@@ -133,18 +152,7 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
         raise InputError(f'--heldout_fraction: got {settings["heldout_fraction"]}, which leaves the {split} '
                          f'split empty ({total_documents} document(s) in all); valid: a fraction that puts '
                          f'documents in both splits, or more documents')
-    tokenizer_sha256 = hashlib.sha256(tokenizer_text.encode('utf-8')).hexdigest()
-    manifest = dict(
-        format=corpus_format.FORMAT, command=command,
-        inputs=[dict(path=item.path, bytes=item.bytes, sha256=item.sha256) for item in inputs],
-        reading=dict(separator=settings['separator'], text_field=settings['text_field'], errors=settings['errors'],
-                     heldout_fraction=settings['heldout_fraction'], split_by='sha256 of the document text'),
-        tokenizer=dict(kind=tokenizer.kind, vocab_size=tokenizer.vocab_size, sha256=tokenizer_sha256,
-                       requested_vocab_size=settings['vocab_size'],
-                       sample_bytes=settings['tokenizer_sample_bytes'] if tokenizer.kind == 'bpe' else 0),
-        dtype=settings['dtype'], eod=tokenizer.eod, splits=splits,
-        identity=corpus_format.identity(tokenizer_sha256, {s: e['sha256'] for s, e in splits.items()},
-                                        settings['dtype'], tokenizer.eod))
+    manifest = _manifest(inputs, settings, command, tokenizer, tokenizer_text, splits)
     write_json_atomically(os.path.join(temporary, 'manifest.json'), manifest)
     if os.path.isdir(output):
       os.rmdir(output)  # empty: check_flags refused any other
