@@ -145,7 +145,7 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   for block_size, key_block_size in ((3, 2), (1, 0), (2, 5), (6, 1)):
     key_blocks = T.DecoderOnly(tiny(kind, attention_block_size=block_size, attention_key_block_size=key_block_size,
                                     **one_layer))
-    np.testing.assert_allclose(key_blocks.apply(params, *decoder_args), dense_outputs, atol=2e-5, rtol=1e-5,
+    np.testing.assert_allclose(jax.jit(key_blocks.apply)(params, *decoder_args), dense_outputs, atol=2e-5, rtol=1e-5,
                                err_msg=f'blocks of {block_size}, key blocks of {key_block_size}')
   assert len(calls) == 4
 
