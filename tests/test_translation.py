@@ -172,7 +172,8 @@ def test_the_translate_command_scores_every_held_out_verse_of_a_bucket_and_every
   sweep = tmp_path / 'sweep'
   for kind in ('sinusoidal', 'rope'):
     config = with_overrides(translation_config.get_config(), {
-        'model.model_dim': 32, 'model.feed_forward_dim': 64, 'train.steps': 2, 'train.batch_size': 8,
+        'model.model_dim': 32, 'model.feed_forward_dim': 64, 'model.num_encoder_layers': 1,
+        'model.num_decoder_layers': 1, 'train.steps': 2, 'train.batch_size': 8,
         'task.eval_lengths': (16, 32), 'task.eval_batches': 1, 'model.position.kind': kind})
     trainer.run(settings.from_config_dict(config, jax.device_count()), str(sweep / f'{kind}-seed0'))
   run = sweep / 'sinusoidal-seed0'
