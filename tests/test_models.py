@@ -99,7 +99,7 @@ def test_last_pooling_reads_each_rows_last_valid_position():
 
 
 def _models_and_inputs():
-  config = tiny(dropout_rate=0.1)
+  config = tiny(dropout_rate=0.1, num_encoder_layers=1, num_decoder_layers=1)
   x = tokens(2, L)
   features = jax.random.normal(jax.random.PRNGKey(3), (2, L, 3))
   return [
