@@ -30,8 +30,8 @@ if 'PYTEST_XDIST_WORKER' not in os.environ and 'JAX_COMPILATION_CACHE_DIR' not i
   _cache = tempfile.mkdtemp(prefix='jax-compilation-cache-')
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-# Every program, the eager operations' too: each costs about 15 ms to compile and far less to load, and the two
-# workers and the commands they start compile many of the same ones.
+# Every program, the eager operations' too: the two workers and the commands they start compile many of the same
+# small programs, and loading them beats compiling them again (BENCHMARKS.md has the timings).
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 # The fast tier (-m 'not slow') runs the suite every variant gets for a few variants that between them use
