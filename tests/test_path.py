@@ -21,24 +21,44 @@ def _inputs(length=24, heads=2, head_dim=8, seed=0):
   return q, k, v, w, beta
 
 
-def _carried(q, k, w, beta):
+_reflected_logits = jax.jit(path.reflected_logits, static_argnames='chunk_size')
+
+
+def _carried(q, k, w, beta, chunk_size=path.CHUNK_SIZE):
   index = jnp.arange(q.shape[1])[None]
-  return path.reflected_logits(q, k, jnp.transpose(w, (0, 2, 3, 1)), jnp.transpose(beta, (0, 2, 1)), index, index)
+  return _reflected_logits(q, k, jnp.transpose(w, (0, 2, 3, 1)), jnp.transpose(beta, (0, 2, 1)), index, index,
+                               chunk_size=chunk_size)
 
 
-def test_the_carried_form_is_the_product_of_reflections():
-  """Every (i, j <= i): q_i^T H_i ... H_{j+1} k_j with each d x d matrix formed (jnp, float32)."""
+def test_the_chunked_form_is_the_product_of_reflections():
+  """Every (i, j <= i): q_i^T H_i ... H_{j+1} k_j with each d x d matrix formed (numpy, float64), against the
+  chunked form with one key per chunk (the plain carry), chunks that leave padding (5 and 7 of 24), and one
+  chunk of all the keys (the UT transform alone)."""
   q, k, _, w, beta = _inputs()
-  ours = _carried(q, k, w, beta)
-  eye = jnp.eye(q.shape[-1])
-  for h in range(q.shape[2]):
-    reflections = eye - beta[0, :, h, None, None] * jnp.einsum('sa,sb->sab', w[0, :, h], w[0, :, h])
-    for i in range(q.shape[1]):
-      product = eye
+  q64, k64, w64, beta64 = (np.asarray(x, np.float64)[0] for x in (q, k, w, beta))
+  length, heads, _ = q64.shape
+  expected = np.zeros((heads, length, length))
+  for h in range(heads):
+    for i in range(length):
+      carried = q64[i, h]
       for j in range(i, -1, -1):
-        expected = q[0, i, h] @ product @ k[0, j, h]
-        np.testing.assert_allclose(ours[0, h, i, j], expected, rtol=1e-4, atol=1e-4)
-        product = product @ reflections[j]
+        expected[h, i, j] = carried @ k64[j, h]
+        carried = carried - beta64[j, h] * (carried @ w64[j, h]) * w64[j, h]  # q_i^T ... H_j, H_j symmetric
+  causal = np.tril(np.ones((length, length), bool))
+  for chunk_size in (1, 5, 7, length, 64):
+    ours = np.asarray(_carried(q, k, w, beta, chunk_size=chunk_size))[0]
+    np.testing.assert_allclose(ours[:, causal], expected[:, causal], rtol=1e-4, atol=1e-4, err_msg=str(chunk_size))
+
+
+def test_queries_at_any_index_get_their_rows():
+  """Decoding asks for a few queries against every key: the rows of those queries in the whole matrix."""
+  q, k, _, w, beta = _inputs(length=37, seed=3)
+  whole = _carried(q, k, w, beta, chunk_size=8)
+  index = jnp.arange(37)[None]
+  some = _reflected_logits(q[:, 30:34], k, jnp.transpose(w, (0, 2, 3, 1)), jnp.transpose(beta, (0, 2, 1)),
+                               index[:, 30:34], index, chunk_size=8)
+  causal = np.tril(np.ones((37, 37), bool))[30:34]
+  np.testing.assert_allclose(np.asarray(some)[0][:, causal], np.asarray(whole)[0, :, 30:34][:, causal], atol=1e-5)
 
 
 def test_reflections_keep_lengths_when_beta_is_two_and_vanish_when_zero():

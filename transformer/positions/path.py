@@ -8,11 +8,11 @@ Between a key and a query the positions are the data-dependent reflections of th
 per head, w_s = the unit vector of W_w x_s (W_w of rank 32, as flash-linear-attention's layer has it) and
 beta_s = 2 sigmoid(u . x_s + b) in (0, 2) (so H_s may flip a direction), from the layer's input x_s. A
 direct product costs O(L^2 d^2) per head (L^2 matrices); here the query is carried backwards over the
-keys instead, v <- H_s v before the key at s - 1 is read, which costs O(L^2 d): for key column j (token
-s), the logit is v_i . k_s with v_i = H_{s+1} ... H_i q_i, one d-vector per query at a time; the backward
-pass keeps the carried queries at the edges of chunks of sqrt(L) keys and recomputes inside them. The
-logits hook adds e_ij - q_i . k_j / sqrt(d) to the plain logits. Causal only; each query block of
-blockwise attention takes its keys in one block (the reflections run over all of them).
+keys instead, v_i <- H_s v_i once key s is read, which costs O(L^2 d). The keys go in chunks of 64, each
+chunk's reflections one matrix I - W^T T W by the UT transform, as the paper's kernels do, so the carry takes
+L / 64 steps of matrix products rather than L steps of vector ones. The logits hook adds
+e_ij - q_i . k_j / sqrt(d) to the plain logits. Causal only; each query block of blockwise attention takes
+its keys in one block (the reflections run over all of them).
 
 from_inputs computes w and beta per token, with the tokens' indices in the row (not their positions);
 incremental decoding keeps them in the cache (the keys' reflections are read again at every step). In a
@@ -20,57 +20,87 @@ row that packs several documents, the reflections between a key and a query are 
 document.
 """
 
-import math
-
 import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg
 
 from transformer.positions.base import LayerPositions, StackPositions, Variant
 
 LOW_RANK = 32  # W_w = W_up W_down through this width, as flash-linear-attention's PaTH layer
+CHUNK_SIZE = 64  # keys per step of the chunked form
+
+
+def chunk_transforms(w_BxHxNxCxK: chex.Array, beta_BxHxNxC: chex.Array) -> chex.Array:
+  """The UT transform of each chunk's reflections: H_1 H_2 ... H_C = I - W^T T W with W the chunk's w_s as rows
+  and T = (I + diag(beta) striu(W W^T))^-1 diag(beta), upper triangular (the UT transform, Joffrain et al. 2006).
+  A run of consecutive reflections a..b inside the chunk is I - W^T T[a..b, a..b] W: a triangular matrix's
+  inverse has the inverses of its diagonal blocks on its diagonal. Returns T, B x H x N x C x C."""
+  chex.assert_rank([w_BxHxNxCxK, beta_BxHxNxC], [5, 4])
+  gram_BxHxNxCxC = jnp.einsum('bhnsk,bhntk->bhnst', w_BxHxNxCxK, w_BxHxNxCxK)
+  upper_BxHxNxCxC = jnp.eye(gram_BxHxNxCxC.shape[-1]) + beta_BxHxNxC[..., :, None] * jnp.triu(gram_BxHxNxCxC, 1)
+  inverse_BxHxNxCxC = jax.scipy.linalg.solve_triangular(
+      upper_BxHxNxCxC, jnp.broadcast_to(jnp.eye(upper_BxHxNxCxC.shape[-1]), upper_BxHxNxCxC.shape),
+      lower=False, unit_diagonal=True)
+  return inverse_BxHxNxCxC * beta_BxHxNxC[..., None, :]
 
 
 def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxHxKxLk: chex.Array,
-                     beta_BxHxLk: chex.Array, query_index_BxLq: chex.Array, key_index_BxLk: chex.Array) -> chex.Array:
+                     beta_BxHxLk: chex.Array, query_index_BxLq: chex.Array, key_index_BxLk: chex.Array,
+                     chunk_size: int = CHUNK_SIZE) -> chex.Array:
   """q_i^T H_i ... H_{j+1} k_j for every query i and key j (unscaled): B x H x Lq x Lk. The keys are
   consecutive tokens, the last at or after every query's; key j's own reflection H_j (w, beta at column j)
-  applies to the queries at index >= the key's once its logit is read. Later keys' logits (j > i) are
-  computed but meaningless: the causal mask removes them."""
+  applies to the queries at index >= the key's. Later keys' logits (j > i) are computed but meaningless:
+  the causal mask removes them.
+
+  The keys go in chunks of C, from the last chunk to the first, carrying each query v_i backwards (v_i = q_i
+  at the start). With T the chunk's UT transform, a_it = (v_i . w_t) [t <= i] and r_i = a_i T^T, a key j
+  of the chunk gets
+    e_ij = v_i . k_j - sum_s r_is (w_s . k_j) [s > j]
+  (the chunk's reflections between the key and the query, whether the query is inside the chunk or after
+  it), and then v_i <- v_i - sum_s r_is w_s (the chunk's reflections up to the query, all of them for a
+  query after it). O(Lq Lk (d + C)) per head in Lk / C sequential steps of matrix products."""
   chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, w_BxHxKxLk, beta_BxHxLk], [4, 4, 4, 3])
+  batch, length_k = key_BxLkxHxK.shape[0], key_BxLkxHxK.shape[1]
   query_BxHxLqxK = jnp.transpose(query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32)
-  key_LkxBxHxK = jnp.transpose(key_BxLkxHxK, (1, 0, 2, 3)).astype(jnp.float32)
-  w_LkxBxHxK = jnp.transpose(w_BxHxKxLk, (3, 0, 1, 2)).astype(jnp.float32)
-  beta_LkxBxH = jnp.transpose(beta_BxHxLk, (2, 0, 1)).astype(jnp.float32)
-  index_LkxB = jnp.transpose(jnp.broadcast_to(key_index_BxLk, (query_BxLqxHxK.shape[0], key_BxLkxHxK.shape[1])))
-  query_index_Bx1xLq = query_index_BxLq[:, None, :]
+  key_BxHxLkxK = jnp.transpose(key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32)
+  w_BxHxLkxK = jnp.transpose(w_BxHxKxLk, (0, 1, 3, 2)).astype(jnp.float32)
+  beta_BxHxLk = beta_BxHxLk.astype(jnp.float32)
+  key_index_BxLk = jnp.broadcast_to(key_index_BxLk, (batch, length_k))
 
-  def step(carried_BxHxLqxK, column):
-    key_BxHxK, w_BxHxK, beta_BxH, index_B = column
-    logits_BxHxLq = jnp.einsum('bhqk,bhk->bhq', carried_BxHxLqxK, key_BxHxK)
-    along_w_BxHxLq = jnp.einsum('bhqk,bhk->bhq', carried_BxHxLqxK, w_BxHxK)
-    reflected = carried_BxHxLqxK - (beta_BxH[:, :, None] * along_w_BxHxLq)[..., None] * w_BxHxK[:, :, None, :]
-    applies_Bx1xLq = query_index_Bx1xLq >= index_B[:, None, None]
-    return jnp.where(applies_Bx1xLq[..., None], reflected, carried_BxHxLqxK), logits_BxHxLq
-
-  # Chunks of about sqrt(Lk) keys, each recomputed in the backward pass: the pass keeps the carried queries
-  # at the chunks' edges and inside one chunk at a time (2 sqrt(Lk) copies instead of Lk). Padding keys
-  # at the front reflect nothing (beta 0) and their logits are dropped.
-  length_k = key_BxLkxHxK.shape[1]
-  chunk = max(1, math.isqrt(length_k - 1) + 1)
+  # Padding keys at the front reflect nothing (beta 0, so T's rows and columns for them are 0); their
+  # logits are dropped.
+  chunk = min(chunk_size, length_k)
   padding = -length_k % chunk
-  columns = tuple(jnp.pad(x, [(padding, 0)] + [(0, 0)] * (x.ndim - 1), constant_values=-1 if x is index_LkxB else 0)
-                  for x in (key_LkxBxHxK, w_LkxBxHxK, beta_LkxBxH, index_LkxB))
-  columns = tuple(x.reshape(-1, chunk, *x.shape[1:]) for x in columns)
+  key_BxHxLkxK, w_BxHxLkxK, beta_BxHxLk = (
+      jnp.pad(x, [(0, 0), (0, 0), (padding, 0)] + [(0, 0)] * (x.ndim - 3)) for x in (key_BxHxLkxK, w_BxHxLkxK, beta_BxHxLk))
+  key_index_BxLk = jnp.pad(key_index_BxLk, [(0, 0), (padding, 0)], constant_values=-1)
+  heads, num_chunks = query_BxHxLqxK.shape[1], (length_k + padding) // chunk
+  key_NxBxHxCxK, w_NxBxHxCxK = (jnp.moveaxis(x.reshape(batch, heads, num_chunks, chunk, -1), 2, 0)
+                                for x in (key_BxHxLkxK, w_BxHxLkxK))
+  beta_NxBxHxC = jnp.moveaxis(beta_BxHxLk.reshape(batch, heads, num_chunks, chunk), 2, 0)
+  key_index_NxBxC = jnp.moveaxis(key_index_BxLk.reshape(batch, num_chunks, chunk), 1, 0)
+  transform_NxBxHxCxC = jnp.moveaxis(chunk_transforms(jnp.moveaxis(w_NxBxHxCxK, 0, 2),
+                                                      jnp.moveaxis(beta_NxBxHxC, 0, 2)), 2, 0)
+  later_CxC = jnp.arange(chunk)[None, :] > jnp.arange(chunk)[:, None]  # [s > j] at (j, s)
+  along_key_NxBxHxCxC = jnp.einsum('nbhjk,nbhsk->nbhjs', key_NxBxHxCxK, w_NxBxHxCxK) * later_CxC
 
-  @jax.checkpoint
-  def one_chunk(carried_BxHxLqxK, chunk_columns):
-    return jax.lax.scan(step, carried_BxHxLqxK, chunk_columns, reverse=True)
+  def step(carried_BxHxLqxK, one_chunk):
+    key_BxHxCxK, w_BxHxCxK, transform_BxHxCxC, along_key_BxHxCxC, key_index_BxC = one_chunk
+    reached_Bx1xLqxC = key_index_BxC[:, None, None, :] <= query_index_BxLq[:, None, :, None]
+    along_query_BxHxLqxC = jnp.einsum('bhqk,bhtk->bhqt', carried_BxHxLqxK, w_BxHxCxK) * reached_Bx1xLqxC
+    weights_BxHxLqxC = jnp.einsum('bhqt,bhst->bhqs', along_query_BxHxLqxC, transform_BxHxCxC)
+    logits_BxHxLqxC = (jnp.einsum('bhqk,bhjk->bhqj', carried_BxHxLqxK, key_BxHxCxK)
+                       - jnp.einsum('bhqs,bhjs->bhqj', weights_BxHxLqxC, along_key_BxHxCxC))
+    carried_BxHxLqxK = carried_BxHxLqxK - jnp.einsum('bhqs,bhsk->bhqk', weights_BxHxLqxC, w_BxHxCxK)
+    return carried_BxHxLqxK, logits_BxHxLqxC
 
-  _, logits_NxCxBxHxLq = jax.lax.scan(one_chunk, query_BxHxLqxK, columns, reverse=True)
-  logits_LkxBxHxLq = logits_NxCxBxHxLq.reshape(-1, *logits_NxCxBxHxLq.shape[2:])[padding:]
-  return jnp.transpose(logits_LkxBxHxLq, (1, 2, 3, 0))
+  _, logits_NxBxHxLqxC = jax.lax.scan(
+      step, query_BxHxLqxK, (key_NxBxHxCxK, w_NxBxHxCxK, transform_NxBxHxCxC, along_key_NxBxHxCxC, key_index_NxBxC),
+      reverse=True)
+  logits_BxHxLqxLk = jnp.moveaxis(logits_NxBxHxLqxC, 0, 3).reshape(*logits_NxBxHxLqxC.shape[1:4], -1)
+  return logits_BxHxLqxLk[..., padding:]
 
 
 class PathLayer(LayerPositions):
