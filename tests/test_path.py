@@ -82,3 +82,14 @@ def test_outputs_are_flash_linear_attentions_reference():
   ours = scaled_dot_product_attention(q, k, v, mask=causal_mask(40), scale=0.25,
                                       bias=0.25 * (_carried(q, k, w, beta) - jnp.einsum('bqhk,bshk->bhqs', q, k)))
   np.testing.assert_allclose(ours, theirs.numpy(), atol=2e-5, rtol=1e-4)
+
+
+def test_the_triangular_inverse_by_doubling_is_numpys_inverse():
+  """(I + X)^-1 for strictly upper triangular X of sizes that are and are not powers of 2, against
+  numpy.linalg.inv in float64; the result is upper triangular."""
+  for size in (1, 5, 24, 64):
+    x = np.triu(np.random.default_rng(size).normal(size=(3, size, size)) * 0.5, 1)
+    ours = np.asarray(jax.jit(path.unit_upper_triangular_inverse)(jnp.asarray(x, jnp.float32)), np.float64)
+    expected = np.linalg.inv(np.eye(size) + x)
+    np.testing.assert_allclose(ours, expected, atol=1e-6 * np.abs(expected).max(), err_msg=str(size))
+    assert not np.any(np.tril(ours, -1))

@@ -24,12 +24,35 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg
 
 from transformer.positions.base import LayerPositions, StackPositions, Variant
 
 LOW_RANK = 32  # W_w = W_up W_down through this width, as flash-linear-attention's PaTH layer
 CHUNK_SIZE = 64  # keys per step of the chunked form
+
+
+def unit_upper_triangular_inverse(strict_upper_NxCxC: chex.Array) -> chex.Array:
+  """(I + X)^-1 for X strictly upper triangular (any leading axes), by doubling the diagonal blocks:
+  [[A, B], [0, D]]^-1 = [[A^-1, -A^-1 B D^-1], [0, D^-1]], log2(C) rounds of matrix products. (XLA's
+  triangular solve runs LAPACK on a CPU, whose batched kernels can wait on each other in a 2-thread pool.)"""
+  size = strict_upper_NxCxC.shape[-1]
+  padded = 1 << max(0, (size - 1).bit_length())  # identity rows and columns to a power of 2
+  x_NxPxP = jnp.pad(strict_upper_NxCxC, [(0, 0)] * (strict_upper_NxCxC.ndim - 2) + [(0, padded - size)] * 2)
+  leading = x_NxPxP.shape[:-2]
+  inverse_NxBxMxM = jnp.ones((*leading, padded, 1, 1), x_NxPxP.dtype)  # the 1 x 1 blocks' inverses
+  block = 1
+  while block < padded:
+    pairs = padded // (2 * block)
+    blocks_NxBxMxBxM = x_NxPxP.reshape(*leading, pairs, 2 * block, pairs, 2 * block)
+    diagonal_NxMxMxB = jnp.diagonal(blocks_NxBxMxBxM, axis1=-4, axis2=-2)
+    upper_right_NxBxMxM = jnp.moveaxis(diagonal_NxMxMxB, -1, -3)[..., :block, block:]
+    first, second = inverse_NxBxMxM[..., 0::2, :, :], inverse_NxBxMxM[..., 1::2, :, :]
+    corner = -first @ upper_right_NxBxMxM @ second
+    top = jnp.concatenate([first, corner], axis=-1)
+    bottom = jnp.concatenate([jnp.zeros_like(second), second], axis=-1)
+    inverse_NxBxMxM = jnp.concatenate([top, bottom], axis=-2)
+    block *= 2
+  return inverse_NxBxMxM[..., 0, :size, :size]
 
 
 def chunk_transforms(w_BxHxNxCxK: chex.Array, beta_BxHxNxC: chex.Array) -> chex.Array:
@@ -39,10 +62,7 @@ def chunk_transforms(w_BxHxNxCxK: chex.Array, beta_BxHxNxC: chex.Array) -> chex.
   inverse has the inverses of its diagonal blocks on its diagonal. Returns T, B x H x N x C x C."""
   chex.assert_rank([w_BxHxNxCxK, beta_BxHxNxC], [5, 4])
   gram_BxHxNxCxC = jnp.einsum('bhnsk,bhntk->bhnst', w_BxHxNxCxK, w_BxHxNxCxK)
-  upper_BxHxNxCxC = jnp.eye(gram_BxHxNxCxC.shape[-1]) + beta_BxHxNxC[..., :, None] * jnp.triu(gram_BxHxNxCxC, 1)
-  inverse_BxHxNxCxC = jax.scipy.linalg.solve_triangular(
-      upper_BxHxNxCxC, jnp.broadcast_to(jnp.eye(upper_BxHxNxCxC.shape[-1]), upper_BxHxNxCxC.shape),
-      lower=False, unit_diagonal=True)
+  inverse_BxHxNxCxC = unit_upper_triangular_inverse(beta_BxHxNxC[..., :, None] * jnp.triu(gram_BxHxNxCxC, 1))
   return inverse_BxHxNxCxC * beta_BxHxNxC[..., None, :]
 
 
