@@ -97,14 +97,12 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
       jnp.pad(x, [(0, 0), (0, 0), (padding, 0)] + [(0, 0)] * (x.ndim - 3)) for x in (key_BxHxLkxK, w_BxHxLkxK, beta_BxHxLk))
   key_index_BxLk = jnp.pad(key_index_BxLk, [(0, 0), (padding, 0)], constant_values=-1)
   heads, num_chunks = query_BxHxLqxK.shape[1], (length_k + padding) // chunk
-  key_NxBxHxCxK, w_NxBxHxCxK = (jnp.moveaxis(x.reshape(batch, heads, num_chunks, chunk, -1), 2, 0)
-                                for x in (key_BxHxLkxK, w_BxHxLkxK))
-  beta_NxBxHxC = jnp.moveaxis(beta_BxHxLk.reshape(batch, heads, num_chunks, chunk), 2, 0)
-  key_index_NxBxC = jnp.moveaxis(key_index_BxLk.reshape(batch, num_chunks, chunk), 1, 0)
-  transform_NxBxHxCxC = jnp.moveaxis(chunk_transforms(jnp.moveaxis(w_NxBxHxCxK, 0, 2),
-                                                      jnp.moveaxis(beta_NxBxHxC, 0, 2)), 2, 0)
+  key_BxHxNxCxK, w_BxHxNxCxK = (x.reshape(batch, heads, num_chunks, chunk, -1) for x in (key_BxHxLkxK, w_BxHxLkxK))
+  transform_BxHxNxCxC = chunk_transforms(w_BxHxNxCxK, beta_BxHxLk.reshape(batch, heads, num_chunks, chunk))
   later_CxC = jnp.arange(chunk)[None, :] > jnp.arange(chunk)[:, None]  # [s > j] at (j, s)
-  along_key_NxBxHxCxC = jnp.einsum('nbhjk,nbhsk->nbhjs', key_NxBxHxCxK, w_NxBxHxCxK) * later_CxC
+  along_key_BxHxNxCxC = jnp.einsum('bhnjk,bhnsk->bhnjs', key_BxHxNxCxK, w_BxHxNxCxK) * later_CxC
+  chunks = tuple(jnp.moveaxis(x, 2, 0) for x in (key_BxHxNxCxK, w_BxHxNxCxK, transform_BxHxNxCxC, along_key_BxHxNxCxC))
+  key_index_NxBxC = jnp.moveaxis(key_index_BxLk.reshape(batch, num_chunks, chunk), 1, 0)
 
   def step(carried_BxHxLqxK, one_chunk):
     key_BxHxCxK, w_BxHxCxK, transform_BxHxCxC, along_key_BxHxCxC, key_index_BxC = one_chunk
@@ -117,8 +115,7 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
     return carried_BxHxLqxK, logits_BxHxLqxC
 
   _, logits_NxBxHxLqxC = jax.lax.scan(
-      step, query_BxHxLqxK, (key_NxBxHxCxK, w_NxBxHxCxK, transform_NxBxHxCxC, along_key_NxBxHxCxC, key_index_NxBxC),
-      reverse=True)
+      step, query_BxHxLqxK, (*chunks, key_index_NxBxC), reverse=True)
   logits_BxHxLqxLk = jnp.moveaxis(logits_NxBxHxLqxC, 0, 3).reshape(*logits_NxBxHxLqxC.shape[1:4], -1)
   return logits_BxHxLqxLk[..., padding:]
 
