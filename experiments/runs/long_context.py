@@ -137,7 +137,7 @@ def extended_config(config: transformer.ModelConfig, resolved: dict, request: Re
   return config.replace(position=transformer.PositionConfig(kind, **fields)), original
 
 
-def _bits_function(model):
+def bits_function(model):
   @jax.jit
   def bits(params, inputs_BxL, targets_BxL, packed: dict):
     """packed: {} or the rows' positions_BxL and segments_BxL (a corpus run packed by document)."""
@@ -289,12 +289,12 @@ def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
   results = _read_results(results_path)
   params = checkpoints.restore_params(evaluation.workdir, evaluation.step)
   stream = evaluation.task.stream('eval')[:request.tokens]
-  bits_function = _bits_function(transformer.build_model(evaluation.config, 'decoder_only'))
+  score = bits_function(transformer.build_model(evaluation.config, 'decoder_only'))
   for length in evaluation.lengths:
     if length in results:
       continue
     started = time.time()
-    record = evaluate_length(bits_function, params, stream, evaluation.task.bos, length, request,
+    record = evaluate_length(score, params, stream, evaluation.task.bos, length, request,
                              getattr(evaluation.task, 'token_bytes', None), getattr(evaluation.task, 'packed_rows', None))
     record['seconds'] = round(time.time() - started, 1)
     append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))

@@ -1,0 +1,226 @@
+"""LongRoPE's evolutionary search for per-pair rescale factors (Ding et al. 2024, section 3.2), with any
+score to minimise; experiments/longrope_search.py scores a candidate by the runs' bits per character at the
+target length.
+
+A candidate is lambda_1 .. lambda_P: pair p's frequency is divided by lambda_p (rope_extension=longrope,
+transformer/positions/extension.py). The paper's search space: lambda_p in [1, 1.25 s] on a grid of 0.01,
+non-decreasing in p (a lower frequency is interpolated at least as much as a higher one). The first
+population holds the factors that PI, NTK, YaRN and Llama 3 imply (lambda_p = theta_p / theta_p') and
+mutations of them. Each generation keeps the better half (the parents, never lost) and replaces the rest
+with children: uniform crossover of two parents, then mutation (each factor, with probability
+mutation_rate, multiplied by exp(N(0, mutation_scale^2))), projected back onto the space (clipped, rounded
+to the grid, made non-decreasing by a running maximum). No candidate is scored twice.
+"""
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+
+import transformer
+from experiments.runs import checkpoints, lineage, long_context, run_record
+from transformer.positions.extension import ExtensionSettings, extended_frequencies
+from transformer.positions.p_rope import partial_frequencies
+from transformer.positions.rope import rope_frequencies
+
+GRID = 0.01
+UPPER = 1.25  # lambda_p <= UPPER * s
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+  population: int = 16        # candidates per generation
+  generations: int = 6        # generations after the first population
+  mutation_rate: float = 0.3  # the chance that a factor of a child is mutated
+  mutation_scale: float = 0.1  # the standard deviation of a mutation's log-factor
+  seed: int = 0
+
+  def check(self):
+    """ValueError naming the first setting out of range."""
+    for name, valid, ok in (('population', 'an integer >= 4', self.population >= 4),
+                            ('generations', 'an integer >= 0', self.generations >= 0),
+                            ('mutation_rate', 'a number in (0, 1]', 0.0 < self.mutation_rate <= 1.0),
+                            ('mutation_scale', 'a number > 0', self.mutation_scale > 0.0)):
+      if not ok:
+        raise ValueError(f'--{name}: got {getattr(self, name)}; valid: {valid}')
+
+
+def project(factors_P: np.ndarray, factor: float) -> tuple:
+  """The nearest point of the space, as a tuple: clipped to [1, 1.25 s] (its highest grid point), on the grid,
+  non-decreasing."""
+  highest = math.floor(UPPER * factor / GRID + 1e-9) * GRID
+  clipped = np.clip(np.asarray(factors_P, np.float64), 1.0, highest)
+  gridded = np.round(clipped / GRID) * GRID
+  return tuple(float(round(value, 2)) for value in np.maximum.accumulate(gridded))
+
+
+def implied_factors(theta_P: np.ndarray, extended_P: np.ndarray) -> np.ndarray:
+  """lambda_p = theta_p / theta_p' of a method that maps theta to theta' (1 for an unrotated pair)."""
+  theta_P, extended_P = np.asarray(theta_P, np.float64), np.asarray(extended_P, np.float64)
+  return np.where(theta_P > 0, theta_P / np.where(extended_P > 0, extended_P, 1.0), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  factors: tuple
+  score: float
+  generation: int
+  origin: str  # pi, ntk, yarn, llama3 (the first population's seeds), mutation, or child
+
+
+def _mutate(factors_P: np.ndarray, settings: SearchSettings, rng: np.random.Generator) -> np.ndarray:
+  mutated = rng.random(len(factors_P)) < settings.mutation_rate
+  return factors_P * np.exp(np.where(mutated, rng.normal(0.0, settings.mutation_scale, len(factors_P)), 0.0))
+
+
+def _novel(make: Callable[[], tuple], seen: set, attempts: int = 20):
+  """A candidate not in `seen` from make(), or None after `attempts` tries."""
+  for _ in range(attempts):
+    candidate = make()
+    if candidate not in seen:
+      return candidate
+  return None
+
+
+def search(score: Callable[[tuple], float], starts: dict, factor: float, settings: SearchSettings,
+           log: Callable[[Candidate], None] = lambda candidate: None) -> list:
+  """Every candidate scored, best (lowest score) first. starts: {name: factors}, the first population's seeds
+  (projected onto the space). score(factors) -> a finite number; log is called with each scored candidate."""
+  settings.check()
+  rng = np.random.default_rng(settings.seed)
+  scored: dict = {}
+
+  def evaluate(factors: tuple, generation: int, origin: str) -> None:
+    value = float(score(factors))
+    if not math.isfinite(value):
+      raise FloatingPointError(f'the score of factors {factors} is {value}; nothing more was searched')
+    scored[factors] = Candidate(factors, value, generation, origin)
+    log(scored[factors])
+
+  first = []
+  for name, factors in starts.items():
+    candidate = project(factors, factor)
+    if candidate not in scored and len(first) < settings.population:
+      evaluate(candidate, 0, name)
+      first.append(candidate)
+  while len(first) < settings.population:
+    parent = np.asarray(first[rng.integers(len(first))])
+    candidate = _novel(lambda: project(_mutate(parent, settings, rng), factor), set(scored))
+    if candidate is None:
+      break
+    evaluate(candidate, 0, 'mutation')
+    first.append(candidate)
+  population = first
+  for generation in range(1, settings.generations + 1):
+    ranked = sorted(population, key=lambda f: scored[f].score)
+    parents = ranked[:max(2, len(ranked) // 2)]
+    children = []
+
+    def child() -> tuple:
+      mother, father = (np.asarray(parents[i]) for i in rng.choice(len(parents), 2, replace=False))
+      mixed = np.where(rng.random(len(mother)) < 0.5, mother, father)
+      return project(_mutate(mixed, settings, rng), factor)
+
+    while len(parents) + len(children) < settings.population:
+      candidate = _novel(child, set(scored))
+      if candidate is None:
+        break
+      evaluate(candidate, generation, 'child')
+      children.append(candidate)
+    population = parents + children
+  return sorted(scored.values(), key=lambda candidate: candidate.score)
+
+
+# The problem experiments/longrope_search.py poses: runs of one RoPE configuration, scored at a length.
+
+FREQUENCIES = {  # theta_p of each rotary variant the search serves, from its settings and head width
+    'rope': lambda settings, head_dim: rope_frequencies(head_dim, settings.rope_base),
+    'xpos': lambda settings, head_dim: rope_frequencies(head_dim, settings.rope_base),
+    'p_rope': lambda settings, head_dim: partial_frequencies(head_dim, settings.rope_base, settings.rotary_fraction,
+                                                             settings.rotary_frequencies),
+}
+STARTS = ('pi', 'ntk', 'yarn', 'llama3')  # the methods whose implied factors seed the first population
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+  """What a candidate is scored on, checked before anything is written."""
+  workdirs: tuple
+  config: transformer.ModelConfig  # the runs' model
+  resolved: dict                   # the first run's stored configuration
+  task: object
+  steps: tuple                     # each run's newest intact checkpoint
+  original_length: int
+  length: int
+  text: np.ndarray                 # the last --tokens tokens of the held-out stream
+  first_token: int                 # where they start in it
+
+
+def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
+  lineages = [lineage.of_run(workdir) for workdir in workdirs]
+  for workdir, other in zip(workdirs[1:], lineages[1:]):
+    if other.configuration != lineages[0].configuration:
+      differing = sorted(k for k in set(other.configuration) | set(lineages[0].configuration)
+                         if other.configuration.get(k) != lineages[0].configuration.get(k))
+      raise ValueError(f'--workdir: {workdir} differs from {workdirs[0]} in {", ".join(differing[:3])}; valid: runs of '
+                       f'one configuration (its seeds)')
+  seeds = [run.seeds for run in lineages]
+  if len(set(seeds)) < len(seeds):
+    raise ValueError(f'--workdir: the runs\' seeds {seeds} repeat; valid: each seed once')
+  config, task = checkpoints.run_model(workdirs[0])
+  if not hasattr(task, 'stream') or task.settings.model_kind != 'decoder_only':
+    raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
+                     f'language model run (shakespeare, corpus)')
+  settings = config.position.settings
+  if config.position.kind not in FREQUENCIES or not isinstance(settings, ExtensionSettings):
+    raise ValueError(f'--workdir: a {config.position.kind} run; valid: runs of {", ".join(FREQUENCIES)}')
+  if not factor or factor <= 1.0:
+    raise ValueError(f'--factor: got {factor}; valid: a number > 1, the length served over the original one')
+  resolved = run_record.stored_config(workdirs[0])
+  original = settings.original_length or int(resolved['task']['max_length'])
+  length = length or int(round(original * factor))
+  stream = task.stream('eval')
+  if not 0 < tokens <= len(stream) // 2:
+    raise ValueError(f'--tokens: got {tokens}; valid: 1 to {len(stream) // 2}, half the held-out stream (the search '
+                     f'reads its end, evaluations its start)')
+  if not 2 <= length <= tokens:
+    raise ValueError(f'--length: got {length}; valid: 2 to --tokens ({tokens})')
+  steps = tuple(checkpoints.newest_intact_step(workdir) for workdir in workdirs)
+  return Problem(tuple(workdirs), config, resolved, task, steps, original, length,
+                 np.asarray(stream[len(stream) - tokens:]), len(stream) - tokens)
+
+
+def request(problem: Problem, factor: float, factors: tuple, batch_size: int = 8) -> long_context.Request:
+  ones = ' '.join('1.0' for _ in factors)
+  return long_context.Request(
+      method='longrope', factor=factor, protocol='windows', stride_fraction=0.5, tokens=len(problem.text),
+      batch_size=batch_size, position_overrides=(('longrope_short_factors', ones),
+                                                        ('longrope_long_factors', ' '.join(map(repr, factors)))))
+
+
+def method_starts(problem: Problem, factor: float) -> dict:
+  """{method: the factors it implies} for the first population."""
+  settings = problem.config.position.settings
+  theta_P = np.asarray(FREQUENCIES[problem.config.position.kind](settings, problem.config.head_dim))
+  implied = {}
+  for method in STARTS:
+    method_settings = dataclasses.replace(settings, rope_extension=method, extension_factor=factor,
+                                          original_length=problem.original_length)
+    implied[method] = implied_factors(theta_P, extended_frequencies(theta_P, method_settings)[0])
+  return implied
+
+
+def scorer(problem: Problem, factor: float, params: list, batch_size: int = 8):
+  """factors -> the runs' mean bits per character (per byte for a corpus) at the length."""
+
+  def score(factors: tuple) -> float:
+    scored = request(problem, factor, factors, batch_size)
+    config, _ = long_context.extended_config(problem.config, problem.resolved, scored)
+    bits = long_context.bits_function(transformer.build_model(config, 'decoder_only'))
+    records = [long_context.evaluate_length(bits, run_params, problem.text, problem.task.bos, problem.length, scored,
+                                            getattr(problem.task, 'token_bytes', None),
+                                            getattr(problem.task, 'packed_rows', None)) for run_params in params]
+    return float(np.mean([record[long_context.record_metric(record)] for record in records]))
+
+  return score
