@@ -158,6 +158,9 @@ class Problem:
 
 
 def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
+  """The runs (one configuration, each seed once, of a rotary variant, a language model), the factor s > 1,
+  the length scored (None: the original length times s) and the held-out stream's last `tokens` (at most
+  half of it); a ValueError names the flag and what would be valid."""
   lineages = [lineage.of_run(workdir) for workdir in workdirs]
   for workdir, other in zip(workdirs[1:], lineages[1:]):
     if other.configuration != lineages[0].configuration:
@@ -192,11 +195,12 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
 
 
 def request(problem: Problem, factor: float, factors: tuple, batch_size: int = 8) -> long_context.Request:
+  """longrope at s with these long factors and short factors of 1, over non-overlapping windows of the text."""
   ones = ' '.join('1.0' for _ in factors)
   return long_context.Request(
       method='longrope', factor=factor, protocol='windows', stride_fraction=0.5, tokens=len(problem.text),
-      batch_size=batch_size, position_overrides=(('longrope_short_factors', ones),
-                                                        ('longrope_long_factors', ' '.join(map(repr, factors)))))
+      batch_size=batch_size,
+      position_overrides=(('longrope_short_factors', ones), ('longrope_long_factors', ' '.join(map(repr, factors)))))
 
 
 def method_starts(problem: Problem, factor: float) -> dict:
