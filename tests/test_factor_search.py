@@ -90,12 +90,13 @@ def _bits_by_hand(workdir: str, factors: tuple, factor: float, length: int, toke
   kind = fields.pop('kind')
   model = transformer.build_model(config.replace(position=transformer.PositionConfig(kind, **fields)), 'decoder_only')
   params = checkpoints.restore_params(workdir, checkpoints.newest_intact_step(workdir))
+  apply = jax.jit(lambda inputs: model.apply({'params': params}, inputs, valid_BxL=jax.numpy.ones(inputs.shape, bool)))
   text = np.asarray(task.stream('eval'))[-tokens:]
   total, count = 0.0, 0
   for start in range(0, tokens - length + 1, length):
     targets = text[start:start + length]
     inputs = np.concatenate([[task.bos], targets[:-1]])[None].astype(np.int32)
-    logits = model.apply({'params': params}, inputs, valid_BxL=np.ones(inputs.shape, bool))
+    logits = apply(inputs)
     log_probabilities = np.asarray(jax.nn.log_softmax(logits[0].astype(np.float32)), np.float64)
     total += -sum(log_probabilities[p, targets[p]] for p in range(1, length)) / math.log(2)
     count += length - 1
