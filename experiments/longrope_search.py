@@ -45,6 +45,7 @@ _SEED = flags.DEFINE_integer('seed', 0, 'The search\'s random seed.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
 _OUTPUT = flags.DEFINE_string('output', None, 'A new directory for search.jsonl and config.json.')
 
+
 def main(argv):
   del argv
   try:

@@ -21,8 +21,7 @@ import numpy as np
 import transformer
 from experiments.runs import checkpoints, lineage, long_context, run_record
 from transformer.positions.extension import ExtensionSettings, extended_frequencies
-from transformer.positions.p_rope import partial_frequencies
-from transformer.positions.rope import rope_frequencies
+from transformer.positions.rope import RotaryLayer
 
 GRID = 0.01
 UPPER = 1.25  # lambda_p <= UPPER * s
@@ -134,12 +133,17 @@ def search(score: Callable[[tuple], float], starts: dict, factor: float, setting
 
 # The problem experiments/longrope_search.py poses: runs of one RoPE configuration, scored at a length.
 
-FREQUENCIES = {  # theta_p of each rotary variant the search serves, from its settings and head width
-    'rope': lambda settings, head_dim: rope_frequencies(head_dim, settings.rope_base),
-    'xpos': lambda settings, head_dim: rope_frequencies(head_dim, settings.rope_base),
-    'p_rope': lambda settings, head_dim: partial_frequencies(head_dim, settings.rope_base, settings.rotary_fraction,
-                                                             settings.rotary_frequencies),
-}
+ROTARY = tuple(kind for kind, variant in transformer.VARIANTS.items() if issubclass(variant.layer, RotaryLayer))
+
+
+def frequencies(config: transformer.ModelConfig) -> np.ndarray:
+  """theta_p of the run's rotary variant for one head, from the variant's own layer (no parameters read)."""
+  layer = config.position.variant.layer(settings=config.position.settings, num_heads=config.num_heads,
+                                        head_dim=config.head_dim, model_dim=config.model_dim, num_layers=1,
+                                        causal=True)
+  return np.asarray(layer.frequencies(config.head_dim))
+
+
 STARTS = ('pi', 'ntk', 'yarn', 'llama3')  # the methods whose implied factors seed the first population
 
 
@@ -176,8 +180,8 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
     raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
                      f'language model run (shakespeare, corpus)')
   settings = config.position.settings
-  if config.position.kind not in FREQUENCIES or not isinstance(settings, ExtensionSettings):
-    raise ValueError(f'--workdir: a {config.position.kind} run; valid: runs of {", ".join(FREQUENCIES)}')
+  if config.position.kind not in ROTARY or not isinstance(settings, ExtensionSettings):
+    raise ValueError(f'--workdir: a {config.position.kind} run; valid: runs of {", ".join(ROTARY)}')
   if not factor or factor <= 1.0:
     raise ValueError(f'--factor: got {factor}; valid: a number > 1, the length served over the original one')
   resolved = run_record.stored_config(workdirs[0])
@@ -206,7 +210,7 @@ def request(problem: Problem, factor: float, factors: tuple, batch_size: int = 8
 def method_starts(problem: Problem, factor: float) -> dict:
   """{method: the factors it implies} for the first population."""
   settings = problem.config.position.settings
-  theta_P = np.asarray(FREQUENCIES[problem.config.position.kind](settings, problem.config.head_dim))
+  theta_P = frequencies(problem.config)
   implied = {}
   for method in STARTS:
     method_settings = dataclasses.replace(settings, rope_extension=method, extension_factor=factor,
