@@ -3,7 +3,6 @@
 import math
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -12,6 +11,7 @@ import pytest
 from configs import smoke
 from experiments import analyze
 from experiments.runs import settings, trainer
+from tests import command_server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -36,9 +36,9 @@ def test_analyze_writes_the_figures_of_a_run(tmp_path, kind, expected):
   config.train.steps = 2
   config.model.position.kind = kind
   trainer.run(settings.from_config_dict(config, jax.device_count()), str(tmp_path))
-  result = subprocess.run([sys.executable, '-m', 'experiments.analyze', f'--workdir={tmp_path}'], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True,
-                          text=True, timeout=300)
+  result = command_server.run([sys.executable, '-m', 'experiments.analyze', f'--workdir={tmp_path}'], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True,
+                              text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   written = set(os.listdir(tmp_path / 'analysis'))
   assert written == expected
@@ -48,7 +48,7 @@ def test_analyze_writes_the_figures_of_a_run(tmp_path, kind, expected):
 
 def test_analyze_without_a_checkpoint_is_a_one_line_error(tmp_path):
   (tmp_path / 'config.json').write_text('{}')
-  result = subprocess.run([sys.executable, '-m', 'experiments.analyze', f'--workdir={tmp_path}'], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True,
-                          text=True, timeout=300)
+  result = command_server.run([sys.executable, '-m', 'experiments.analyze', f'--workdir={tmp_path}'], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True,
+                              text=True, timeout=300)
   assert result.returncode == 2 and result.stderr.startswith('error:'), result.stderr[-1000:]

@@ -4,12 +4,12 @@ import json
 import math
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 from experiments.benchmarks import flops, step
+from tests import command_server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -22,7 +22,7 @@ def test_model_flops_follow_the_palm_formula():
 @pytest.mark.slow
 def test_benchmark_prints_a_table_and_writes_json(tmp_path):
   output = tmp_path / 'bench.json'
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', '--positions=alibi,rope+ssmax', '--lengths=16', '--steps=2',
        '--warmup=1', '--model_dim=32', '--feed_forward_dim=64', '--num_layers=1', '--batch_size=2', f'--json={output}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
@@ -44,7 +44,7 @@ def test_benchmark_prints_a_table_and_writes_json(tmp_path):
 @pytest.mark.slow
 def test_benchmark_runs_bfloat16_with_remat_against_the_bfloat16_peak(tmp_path):
   output = tmp_path / 'bench.json'
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', '--positions=rope', '--lengths=16', '--steps=2', '--warmup=1',
        '--model_dim=32', '--feed_forward_dim=64', '--num_layers=1', '--batch_size=2', '--compute_dtype=bfloat16',
        '--remat=block', f'--json={output}'],
@@ -62,7 +62,7 @@ def test_peer_without_pytorch_says_how_to_install_it(tmp_path):
   shadow = tmp_path / 'torch'  # an import of torch that fails, whether or not PyTorch is installed
   shadow.mkdir()
   (shadow / '__init__.py').write_text("raise ImportError('no PyTorch in this test')\n")
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', '--positions=none', '--lengths=16', '--peer'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=f'{tmp_path}{os.pathsep}{ROOT}', JAX_PLATFORMS='cpu'),
       capture_output=True, text=True, timeout=300)
@@ -98,7 +98,7 @@ def test_peer_model_starts_at_the_uniform_loss():
 
 @pytest.mark.slow
 def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_and_checks_the_cores_agree():
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'attention', '--length=16', '--batch_size=1', '--num_heads=2',
        '--head_dim=4', '--clip_distance=2', '--repeats=1', '--block_size=8', '--pallas_rows'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
@@ -139,7 +139,7 @@ def test_matmul_benchmark_skips_the_keys_after_each_causal_block():
 
 @pytest.mark.slow
 def test_matmul_benchmark_prints_every_kernel_on_all_cores_and_on_one():
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'matmul', '--length=16', '--batch_size=2', '--block_size=8',
        '--model_dim=16', '--num_heads=2', '--feed_forward_dim=32', '--vocab_size=8', '--num_layers=1',
        '--repeats=1'],
@@ -151,9 +151,9 @@ def test_matmul_benchmark_prints_every_kernel_on_all_cores_and_on_one():
   assert len(rows) == 15 + 2 * 6  # 5 dense layers x 3 matmuls, 2 block shapes x 6
   assert all(float(row.split()[-1].rstrip('x')) > 0 for row in rows)
   assert lines[-1].startswith('per step: dense matmuls') and lines[-1].endswith('MFU')
-  bad = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'matmul', '--model_dim=30', '--num_heads=4'],
-                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                       timeout=300)
+  bad = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'matmul', '--model_dim=30', '--num_heads=4'],
+                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                           timeout=300)
   assert bad.returncode != 0 and '--model_dim: got 30' in bad.stderr
 
 
@@ -188,7 +188,7 @@ def test_the_peer_is_our_model_but_for_the_differences_it_lists():
 @pytest.mark.slow
 def test_seeds_benchmark_times_each_replica_count_against_one_seed_alone(tmp_path):
   output = tmp_path / 'seeds.json'
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'seeds', '--configs=configs/smoke.py', '--seeds=2',
        '--steps=2', '--warmup=1', f'--json={output}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
@@ -204,8 +204,8 @@ def test_seeds_benchmark_times_each_replica_count_against_one_seed_alone(tmp_pat
 
 
 def test_seeds_benchmark_names_a_bad_count():
-  result = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'seeds', '--seeds=0,2'], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+  result = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'seeds', '--seeds=0,2'], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip() == "error: --seeds: got '0,2'; valid: comma-separated positive integers, e.g. 1,2,4,8"
 
@@ -213,7 +213,7 @@ def test_seeds_benchmark_names_a_bad_count():
 @pytest.mark.slow
 def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_path):
   output = tmp_path / 'sharding.json'
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'sharding', '--config=configs/smoke.py',
        '--model=model.feed_forward_dim=128', '--steps=2', '--warmup=0', f'--sharding_json={output}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
@@ -236,7 +236,7 @@ def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_pat
     assert row['device_peak_bytes'] is None and row['model_flops_per_step'] > 6 * row['parameters'] * tokens
   assert result.stdout.count('| not asked | n/a (CPU: peak RSS) |') == 7
 
-  chosen = subprocess.run(
+  chosen = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'sharding', '--config=configs/smoke.py', '--steps=2',
        '--warmup=0', '--model=model.feed_forward_dim=128', '--rows=one device', '--peak_flops=1e9'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
@@ -244,7 +244,7 @@ def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_pat
   assert chosen.returncode == 0, chosen.stderr[-2000:]
   table = [line for line in chosen.stdout.splitlines() if line.startswith('| one device')]
   assert len(table) == 1 and table[0].split(' | ')[-2].endswith('%')
-  unknown = subprocess.run(
+  unknown = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'sharding', '--rows=two devices'], cwd=ROOT,
       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
   assert unknown.returncode == 2 and unknown.stderr.startswith("error: --rows: got 'two devices'; valid: 'replicated")
@@ -252,7 +252,7 @@ def test_sharding_benchmark_measures_a_split_state_and_the_memory_savers(tmp_pat
 
 @pytest.mark.slow
 def test_sweep_benchmark_times_each_jobs_value_and_compares_the_tables(tmp_path):
-  result = subprocess.run(
+  result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', 'sweep', '--config=configs/smoke.py', '--positions=none,alibi',
        '--jobs=2,1', '--repeats=1', '--overrides=train.steps=4,train.eval_every=4', f'--workdir={tmp_path}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=900)
@@ -263,7 +263,7 @@ def test_sweep_benchmark_times_each_jobs_value_and_compares_the_tables(tmp_path)
   assert float(rows[0][4]) == 1.0
   assert float(rows[1][4]) == pytest.approx(float(rows[1][3]) / float(rows[0][3]), rel=0.05)  # from 0.1 s roundings
   assert sorted(path.name for path in tmp_path.iterdir()) == ['repeat0-jobs1x1', 'repeat0-jobs2x1']
-  refused = subprocess.run([sys.executable, '-m', 'experiments.benchmark', 'sweep', '--jobs=1,1x0'], cwd=ROOT,
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+  refused = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'sweep', '--jobs=1,1x0'], cwd=ROOT,
+                               env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
   assert refused.returncode == 2 and refused.stderr.strip() == (
       'error: --jobs: got 1,1x0; valid: comma-separated J or JxC, positive integers, e.g. 1,2,1x2')

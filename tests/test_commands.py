@@ -7,7 +7,6 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ from experiments.runs import checkpoints, long_context, preflight, run_record, s
 from experiments.runs.metrics import read_metrics, without_wall_clock
 from experiments.shared import cli
 from experiments.sweeps import ranking
+from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 
 SHAKESPEARE = {'task.name': 'shakespeare', 'task.model_kind': 'decoder_only', 'task.max_length': 16,
@@ -28,8 +28,8 @@ SHAKESPEARE = {'task.name': 'shakespeare', 'task.model_kind': 'decoder_only', 't
 
 def command(*arguments, cwd=ROOT):
   """(exit code, stdout, the non-empty lines of stderr) of `python -m ARGUMENTS`."""
-  done = subprocess.run([sys.executable, '-m', *arguments], env=subprocess_environment(), capture_output=True,
-                        text=True, cwd=cwd, check=False, timeout=600)
+  done = command_server.run([sys.executable, '-m', *arguments], env=subprocess_environment(), capture_output=True,
+                            text=True, cwd=cwd, check=False, timeout=600)
   return done.returncode, done.stdout, [line for line in done.stderr.splitlines() if line.strip()]
 
 

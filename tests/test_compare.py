@@ -14,6 +14,7 @@ import pytest
 from experiments.sweeps import results
 from experiments.sweeps.results import error_line
 
+from tests import command_server
 from tests.helpers import subprocess_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -35,7 +36,7 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
     fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
     command = [sys.executable, '-m', 'experiments.compare', '--config=configs/smoke.py', '--positions=alibi,none',
                '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps', '10']  # the space form of an override
-    result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
+    result = command_server.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 1, result.stderr[-2000:]
   assert 'sweep done in' in result.stderr and 'with 1 of 2 runs failed' in result.stderr
   table = (tmp_path / 'results.md').read_text()
@@ -66,8 +67,8 @@ def test_a_failing_variant_is_reported_and_the_others_finish(tmp_path):
      "error: --jobs: got 2; valid: 1 with --launcher=slurm (the array's tasks run at once already)"),
 ])
 def test_a_bad_sweep_is_refused_in_one_line_before_any_run_starts(tmp_path, extra, expected):
-  result = subprocess.run(_compare(tmp_path / 'sweep', *extra), cwd=ROOT, env=_environment(), capture_output=True,
-                          text=True, timeout=300)
+  result = command_server.run(_compare(tmp_path / 'sweep', *extra), cwd=ROOT, env=_environment(), capture_output=True,
+                              text=True, timeout=300)
   assert result.returncode == 2
   assert result.stderr.splitlines() == [result.stderr.splitlines()[0]] and result.stderr.startswith(expected), \
       result.stderr
@@ -78,8 +79,8 @@ def test_a_bad_sweep_is_refused_in_one_line_before_any_run_starts(tmp_path, extr
 def test_killed_sweep_resumes_without_retraining_and_gives_the_table_of_an_uninterrupted_one_in_two_jobs(tmp_path):
   """One uninterrupted sweep in two jobs side by side; one in one job, killed mid-sweep and rerun: the rerun
   trains only what had not finished, and both give the same table."""
-  uninterrupted = subprocess.run(_compare(tmp_path / 'whole', '--jobs=2'), cwd=ROOT, env=_environment(),
-                                 capture_output=True, text=True, timeout=900)
+  uninterrupted = command_server.run(_compare(tmp_path / 'whole', '--jobs=2'), cwd=ROOT, env=_environment(),
+                                     capture_output=True, text=True, timeout=900)
   assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
   second_started = uninterrupted.stderr.index('[program 2/2] alibi-seed0: training in job 2 of 2')
   assert second_started < uninterrupted.stderr.index('none-seed0: finished (')  # side by side, not in turn
@@ -98,7 +99,7 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_table_of_an_unint
   assert 'none-seed0' in finished_before and 'alibi-seed0' not in finished_before
   assert not (sweep / 'results.md').exists()
 
-  rerun = subprocess.run(_compare(sweep), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900)
+  rerun = command_server.run(_compare(sweep), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900)
   assert rerun.returncode == 0, rerun.stderr[-2000:]
   assert 'job 2 of 2' not in rerun.stderr
   for name, mtime in finished_before.items():
@@ -108,8 +109,8 @@ def test_killed_sweep_resumes_without_retraining_and_gives_the_table_of_an_unint
   assert (sweep / 'results.csv').read_text() == (tmp_path / 'whole' / 'results.csv').read_text()
 
   before = {str(p): p.stat().st_mtime_ns for p in sweep.glob('**/*') if p.is_file()}
-  other = subprocess.run(_compare(sweep, '--config.task.max_length=5'), cwd=ROOT, env=_environment(),
-                         capture_output=True, text=True, timeout=300)  # a sweep of another configuration
+  other = command_server.run(_compare(sweep, '--config.task.max_length=5'), cwd=ROOT, env=_environment(),
+                             capture_output=True, text=True, timeout=300)  # a sweep of another configuration
   assert other.returncode == 2
   assert other.stderr.splitlines() == [
       f"error: {name}: task.max_length: the run in {sweep / name} has 6, this command asks for 5 (this field may not "
@@ -124,7 +125,7 @@ def test_a_forecast_sweep_tabulates_errors_beside_its_baselines_and_an_lstm_row(
              '--positions=rope', '--baselines=lstm', '--seeds=1', f'--workdir={tmp_path}', '--config.train.steps=4',
              '--config.train.eval_every=4', '--config.model.model_dim=16', '--config.model.feed_forward_dim=32',
              '--config.task.eval_lengths=(16,32)']
-  result = subprocess.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
+  result = command_server.run(command, cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   table = (tmp_path / 'results.md').read_text()
   assert '### mae by evaluation length (lower is better' in table and '### mse by evaluation length' in table
@@ -144,8 +145,8 @@ def test_a_forecast_sweep_tabulates_errors_beside_its_baselines_and_an_lstm_row(
 
 @pytest.mark.slow
 def test_an_unknown_baseline_is_named_before_anything_trains(tmp_path):
-  result = subprocess.run(_compare(tmp_path, '--baselines=lstm,gru'), cwd=ROOT, env=_environment(),
-                          capture_output=True, text=True, timeout=600)
+  result = command_server.run(_compare(tmp_path, '--baselines=lstm,gru'), cwd=ROOT, env=_environment(),
+                              capture_output=True, text=True, timeout=600)
   assert result.returncode == 2
   assert "--baselines: got 'lstm,gru'; valid: empty, or a comma-separated list (each once) of lstm, rnn" in result.stderr
   assert not list(tmp_path.iterdir())

@@ -17,6 +17,7 @@ from experiments.data import corpus as corpus_format
 from experiments.data import documents
 from experiments.data.corpus_tokenizer import BpeTokenizer, ByteTokenizer
 from experiments.data.manifest import DataError
+from tests import command_server
 from tests.helpers import ROOT, subprocess_environment
 
 WORDS = ('the of and to a in is that it was for on are with as be his they at one have this from caf\u00e9 '
@@ -52,8 +53,8 @@ def _write_inputs(folder, seed: int = 0, count: int = 24) -> dict:
 
 
 def prepare(*arguments, check: bool = True) -> subprocess.CompletedProcess:
-  result = subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *map(str, arguments)],
-                          capture_output=True, text=True, cwd=ROOT, env=subprocess_environment(), timeout=300)
+  result = command_server.run([sys.executable, '-m', 'experiments.prepare_corpus', *map(str, arguments)],
+                              capture_output=True, text=True, cwd=ROOT, env=subprocess_environment(), timeout=300)
   if check:
     assert result.returncode == 0, result.stderr[-3000:]
   return result
@@ -292,8 +293,8 @@ def test_a_run_is_refused_on_a_corpus_prepared_again_with_other_text(tmp_path):
            '--config.model.model_dim=16', '--config.model.feed_forward_dim=32', '--config.model.num_decoder_layers=1',
            '--config.model.position.kind=rope', '--config.train.batch_size=4', '--config.train.eval_every=2',
            '--config.train.checkpoint_every=2', '--config.train.log_every=2']
-  first = subprocess.run(train + ['--config.train.steps=2'], capture_output=True, text=True, cwd=ROOT,
-                         env=subprocess_environment(), timeout=600)
+  first = command_server.run(train + ['--config.train.steps=2'], capture_output=True, text=True, cwd=ROOT,
+                             env=subprocess_environment(), timeout=600)
   assert first.returncode == 0, first.stderr[-3000:]
   recorded = json.loads((tmp_path / 'run' / 'config.json').read_text())['data']['identity']
   assert recorded == json.loads((tmp_path / 'corpus' / 'manifest.json').read_text())['identity']
@@ -301,8 +302,8 @@ def test_a_run_is_refused_on_a_corpus_prepared_again_with_other_text(tmp_path):
   _write_inputs(tmp_path / 'in', seed=5, count=3)
   prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2')
   before = sorted(os.listdir(tmp_path / 'run'))
-  again = subprocess.run(train + ['--config.train.steps=4'], capture_output=True, text=True, cwd=ROOT,
-                         env=subprocess_environment(), timeout=600)
+  again = command_server.run(train + ['--config.train.steps=4'], capture_output=True, text=True, cwd=ROOT,
+                             env=subprocess_environment(), timeout=600)
   assert again.returncode == 2
   assert 'data.identity' in again.stderr and recorded in again.stderr
   assert sorted(os.listdir(tmp_path / 'run')) == before

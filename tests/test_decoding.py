@@ -1,7 +1,6 @@
 """Greedy decoding on copy reproduces its inputs exactly at the training lengths."""
 
 import json
-import subprocess
 import sys
 
 import jax
@@ -12,6 +11,7 @@ import transformer
 from configs import algorithmic
 from experiments.runs import decoding, settings, trainer
 from experiments.tasks import TASKS
+from tests import command_server
 
 
 @pytest.mark.slow
@@ -39,8 +39,9 @@ def test_greedy_decoding_of_a_trained_copy_model_reproduces_its_inputs(tmp_path)
     assert (answers[:, :length] == inputs).all(), f'length {length}: {answers[:3]} vs {inputs[:3]}'
 
   # The command-line report (decoding.exact_match per length) says the same, from the run directory alone.
-  result = subprocess.run([sys.executable, '-m', 'experiments.exact_match', f'--workdir={tmp_path}', '--lengths=1-4',
-                           '--examples=32'], capture_output=True, text=True, check=True)
+  result = command_server.run([sys.executable, '-m', 'experiments.exact_match', f'--workdir={tmp_path}',
+                               '--lengths=1-4',
+                               '--examples=32'], capture_output=True, text=True, check=True)
   assert 'mean' in result.stdout
   report = json.loads((tmp_path / 'greedy_exact_match.json').read_text())
   assert report['exact_match'] == {'1': 1.0, '2': 1.0, '3': 1.0, '4': 1.0}

@@ -3,7 +3,6 @@ the evolution on a score with a known optimum, and the command on a trained run,
 
 import json
 import math
-import subprocess
 import sys
 
 import jax
@@ -12,6 +11,7 @@ import pytest
 
 import transformer
 from experiments.runs import checkpoints, factor_search, rope_scaling, trainer
+from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 from tests.test_long_context import TINY_SHAKESPEARE
 from transformer.positions.extension import extended_frequencies, ExtensionSettings
@@ -76,8 +76,8 @@ def test_bad_search_settings_name_the_flag(field, value, message):
 
 
 def _search(*arguments):
-  return subprocess.run([sys.executable, '-m', 'experiments.longrope_search', *arguments], cwd=ROOT,
-                        env=subprocess_environment(1), capture_output=True, text=True, timeout=600)
+  return command_server.run([sys.executable, '-m', 'experiments.longrope_search', *arguments], cwd=ROOT,
+                            env=subprocess_environment(1), capture_output=True, text=True, timeout=600)
 
 
 def _bits_by_hand(workdir: str, factors: tuple, factor: float, length: int, tokens: int) -> float:

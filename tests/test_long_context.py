@@ -4,13 +4,13 @@ fine-tuning from a finished run (train.init_from)."""
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from experiments.runs import checkpoints, long_context, rope_scaling, trainer, windows
+from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 
 TINY_SHAKESPEARE = {'task.name': 'shakespeare', 'task.model_kind': 'decoder_only', 'task.max_length': 16,
@@ -117,9 +117,10 @@ def test_longrope_reads_its_factors_from_a_hugging_face_config(tiny_run, tmp_pat
                                                log=lambda line: None)
   assert other[32]['bits_per_character'] != plain[32]['bits_per_character']
   assert '-longrope_long_factorssha' in os.path.basename(directory)
-  refused = subprocess.run([sys.executable, '-m', 'experiments.evaluate', f'--workdir={tiny_run}', '--lengths=32',
-                            '--extension=yarn', '--factor=2', f'--rope_scaling={config_file("x.json", [1.0] * pairs)}'],
-                           env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
+  refused = command_server.run([sys.executable, '-m', 'experiments.evaluate', f'--workdir={tiny_run}', '--lengths=32',
+                                '--extension=yarn', '--factor=2',
+                                f'--rope_scaling={config_file("x.json", [1.0] * pairs)}'],
+                               env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
   assert refused.returncode == 2 and '--rope_scaling: got' in refused.stderr and 'valid: with --extension=longrope' in (
       refused.stderr)
 
@@ -163,7 +164,8 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   output = tmp_path / 'table'
   command = [sys.executable, '-m', 'experiments.evaluate', f'--workdir={tiny_run}', '--lengths=16,32',
              '--extension=none,ntk,dynamic_ntk', '--factor=2', '--tokens=300', f'--output={output}']
-  done = subprocess.run(command, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
+  done = command_server.run(command, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT,
+                            check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   table = (output / 'results.md').read_text()
   assert all(label in table for label in ('| rope | 1 |', '| rope + ntk x2 | 1 |', '| rope + dynamic_ntk | 1 |'))
@@ -175,17 +177,18 @@ def test_the_command_writes_one_table_over_runs_and_methods(tiny_run, tmp_path):
   collected = tmp_path / 'collected'
   collect = [sys.executable, '-m', 'experiments.evaluate', '--lengths=32', f'--output={collected}',
              f'--collect={evaluations}/ntk-x2-sliding0.5-300,{evaluations}/none-sliding0.5-300']
-  done = subprocess.run(collect, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT, check=False)
+  done = command_server.run(collect, env=subprocess_environment(), capture_output=True, text=True, cwd=ROOT,
+                            check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   rows = (collected / 'results.csv').read_text().splitlines()
   assert rows[0] == 'run,seed,32,evaluation' and [row.split(',')[:2] for row in rows[1:]] == [['rope + ntk x2', '0'],
                                                                                                ['rope', '0']]
   assert ',' + rows[1].split(',')[2] + ',' in (output / 'results.csv').read_text()  # read back, not recomputed
-  missing_length = subprocess.run(collect[:3] + ['--lengths=4096'] + collect[4:], env=subprocess_environment(),
-                                  capture_output=True, text=True, cwd=ROOT, check=False)
+  missing_length = command_server.run(collect[:3] + ['--lengths=4096'] + collect[4:], env=subprocess_environment(),
+                                      capture_output=True, text=True, cwd=ROOT, check=False)
   assert missing_length.returncode != 0 and 'no result at lengths [4096]' in missing_length.stderr
-  missing_factor = subprocess.run(command[:5] + ['--extension=yarn'], env=subprocess_environment(),
-                                  capture_output=True, text=True, cwd=ROOT, check=False)
+  missing_factor = command_server.run(command[:5] + ['--extension=yarn'], env=subprocess_environment(),
+                                      capture_output=True, text=True, cwd=ROOT, check=False)
   assert missing_factor.returncode != 0 and '--factor: missing' in missing_factor.stderr
 
 
@@ -218,8 +221,9 @@ def test_position_bands_run_to_the_training_length_then_double():
 @pytest.mark.slow
 def test_a_missing_source_to_fine_tune_from_is_refused_before_the_run_is_created(tmp_path):
   workdir = tmp_path / 'tuned'
-  done = subprocess.run([sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py', f'--workdir={workdir}',
-                         f'--config.train.init_from={tmp_path / "no-such-run"}'], env=subprocess_environment(),
-                        capture_output=True, text=True, cwd=ROOT, check=False)
+  done = command_server.run([sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py',
+                             f'--workdir={workdir}',
+                             f'--config.train.init_from={tmp_path / "no-such-run"}'], env=subprocess_environment(),
+                            capture_output=True, text=True, cwd=ROOT, check=False)
   assert done.returncode != 0 and 'train.init_from' in done.stderr and 'no checkpoints directory' in done.stderr
   assert not workdir.exists()

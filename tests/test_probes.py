@@ -4,7 +4,6 @@ task.passkey_fraction mixes into training."""
 
 import json
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ from experiments.runs import probes
 from experiments.tasks import needles, passkey
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
+from tests import command_server
 
 
 def _task(name: str):
@@ -246,9 +246,9 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
   trainer.run(smoke_experiment(**TINY_SHAKESPEARE), str(workdir))
 
   def evaluate(*extra):
-    return subprocess.run([sys.executable, '-m', 'experiments.evaluate', f'--workdir={workdir}', '--probe=passkey',
-                           '--lengths=100,128', '--depths=0,1', *extra], env=subprocess_environment(1),
-                          capture_output=True, text=True, timeout=600)
+    return command_server.run([sys.executable, '-m', 'experiments.evaluate', f'--workdir={workdir}', '--probe=passkey',
+                               '--lengths=100,128', '--depths=0,1', *extra], env=subprocess_environment(1),
+                              capture_output=True, text=True, timeout=600)
 
   first = evaluate('--trials=3')
   assert first.returncode == 0, first.stderr[-2000:]

@@ -4,12 +4,12 @@ rankings worked by hand, and the protocol's configs (configs/length_generalizati
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
 
 from experiments.sweeps import ranking, results
+from tests import command_server
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -68,9 +68,9 @@ def test_mean_reciprocal_rank_by_hand(tmp_path):
 @pytest.mark.slow
 def test_the_rank_command_prints_and_writes_the_table(tmp_path):
   output = tmp_path / 'ranking.md'
-  result = subprocess.run([sys.executable, '-m', 'experiments.rank', f'--sweeps={",".join(_sweeps(tmp_path))}',
-                           f'--output={output}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=120)
+  result = command_server.run([sys.executable, '-m', 'experiments.rank', f'--sweeps={",".join(_sweeps(tmp_path))}',
+                               f'--output={output}'], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert output.read_text() in result.stdout
   assert 'Mean reciprocal rank over 2 tasks (sequence_accuracy beyond the training length' in result.stdout
@@ -85,8 +85,8 @@ def test_a_sweep_whose_runs_differ_is_refused(tmp_path):
   config['train']['steps'] = 20
   config_path.write_text(json.dumps(config))
   (tmp_path / 'parity' / 'c-seed1' / 'summary.json').write_text(json.dumps({'step': 20, 'evaluation': {}}))
-  result = subprocess.run([sys.executable, '-m', 'experiments.rank', f'--sweeps={",".join(sweeps)}'], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+  result = command_server.run([sys.executable, '-m', 'experiments.rank', f'--sweeps={",".join(sweeps)}'], cwd=ROOT,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
   assert result.returncode == 2
   assert result.stderr.strip() == (f'error: {tmp_path / "parity"}: c-seed1 and a-seed0 differ in train.steps (20 and '
                                    f'10); a ranking would mix configurations')

@@ -17,6 +17,7 @@ from experiments.runs import run_record, settings, trainer
 from experiments.runs.metrics import read_metrics, without_wall_clock
 from experiments.sweeps.programs import programs
 from experiments.tasks.algorithmic import Copy
+from tests import command_server
 from tests.helpers import smoke_experiment, subprocess_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -173,8 +174,8 @@ def test_a_stopped_program_resumes_into_the_uninterrupted_runs(tmp_path):
   def command(pattern):
     return [sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py', f'--workdir={pattern}',
             '--seeds=2', '--config.train.steps=60', '--config.train.log_every=1', '--config.train.checkpoint_every=25']
-  whole = subprocess.run(command(tmp_path / 'whole{seed}'), cwd=ROOT, env=_environment(), capture_output=True,
-                         text=True, timeout=600)
+  whole = command_server.run(command(tmp_path / 'whole{seed}'), cwd=ROOT, env=_environment(), capture_output=True,
+                             text=True, timeout=600)
   assert whole.returncode == 0, whole.stderr[-2000:]
   process = subprocess.Popen(command(tmp_path / 'stopped{seed}'), cwd=ROOT, env=_environment(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -187,8 +188,8 @@ def test_a_stopped_program_resumes_into_the_uninterrupted_runs(tmp_path):
   assert process.returncode == 0, stderr[-2000:]
   stopped_at = [max(int(n) for n in os.listdir(tmp_path / f'stopped{seed}' / 'checkpoints')) for seed in (0, 1)]
   assert stopped_at[0] == stopped_at[1] < 60 and not (tmp_path / 'stopped0' / 'summary.json').exists()
-  rerun = subprocess.run(command(tmp_path / 'stopped{seed}'), cwd=ROOT, env=_environment(), capture_output=True,
-                         text=True, timeout=600)
+  rerun = command_server.run(command(tmp_path / 'stopped{seed}'), cwd=ROOT, env=_environment(), capture_output=True,
+                             text=True, timeout=600)
   assert rerun.returncode == 0, rerun.stderr[-2000:]
   assert f'resuming from the checkpoints at step {stopped_at[0]}' in rerun.stderr
   for seed in (0, 1):
@@ -199,9 +200,9 @@ def test_a_stopped_program_resumes_into_the_uninterrupted_runs(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_of_seeds_in_one_program_tabulates_like_one_process_per_run(tmp_path):
   def sweep(workdir, *extra):
-    return subprocess.run([sys.executable, '-m', 'experiments.compare', '--config=configs/smoke.py',
-                           '--positions=none', '--seeds=2', f'--workdir={workdir}', '--config.train.steps=10',
-                           *extra], cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900)
+    return command_server.run([sys.executable, '-m', 'experiments.compare', '--config=configs/smoke.py',
+                               '--positions=none', '--seeds=2', f'--workdir={workdir}', '--config.train.steps=10',
+                               *extra], cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=900)
   together, apart = sweep(tmp_path / 'together'), sweep(tmp_path / 'apart', '--novmap_seeds')
   assert together.returncode == 0 and apart.returncode == 0, together.stderr[-2000:] + apart.stderr[-2000:]
   assert '[program 1/1] none-seed0, none-seed1: training' in together.stderr

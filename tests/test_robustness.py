@@ -20,6 +20,7 @@ from experiments.runs import checkpoints, settings, trainer
 from experiments.runs.checkpoints import CheckpointMismatch
 from experiments.data import shakespeare as shakespeare_data
 from experiments.runs.metrics import MetricsDamaged, read_metrics, without_wall_clock
+from tests import command_server
 from tests.helpers import smoke_experiment, subprocess_environment
 from experiments.tasks.algorithmic import Copy
 
@@ -53,9 +54,9 @@ CONFIG_FILES = {  # a config file's text, and what the one line must say
 
 def _train_cli(argv, devices=8):
   """The real command line in a subprocess: (exit code, non-empty stderr lines)."""
-  result = subprocess.run([sys.executable, '-m', 'experiments.train', *argv], cwd=ROOT,
-                          env=subprocess_environment(devices),
-                          capture_output=True, text=True, timeout=300)
+  result = command_server.run([sys.executable, '-m', 'experiments.train', *argv], cwd=ROOT,
+                              env=subprocess_environment(devices),
+                              capture_output=True, text=True, timeout=300)
   return result.returncode, [line for line in result.stderr.splitlines() if line.strip()]
 
 
@@ -311,8 +312,8 @@ def _wait_for_lines(path, count, timeout=240):
 
 @pytest.mark.slow
 def test_kill_9_then_restart_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
-  whole = subprocess.run(_command(tmp_path / 'whole'), cwd=ROOT, env=_environment(), capture_output=True, text=True,
-                         timeout=600)
+  whole = command_server.run(_command(tmp_path / 'whole'), cwd=ROOT, env=_environment(), capture_output=True, text=True,
+                             timeout=600)
   assert whole.returncode == 0, whole.stderr[-2000:]
   run = tmp_path / 'killed'
   process = subprocess.Popen(_command(run), cwd=ROOT, env=_environment(), stdout=subprocess.DEVNULL,
@@ -322,7 +323,8 @@ def test_kill_9_then_restart_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
   process.wait()
   logged = read_metrics(str(run))[-1]['step']
   assert logged < 80
-  restarted = subprocess.run(_command(run), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=600)
+  restarted = command_server.run(_command(run), cwd=ROOT, env=_environment(), capture_output=True, text=True,
+                                 timeout=600)
   assert restarted.returncode == 0, restarted.stderr[-2000:]
   resumed_from = int(restarted.stderr.split('resuming from the checkpoint at step ')[1].split()[0])
   assert logged - 10 <= resumed_from <= logged  # at most the work since the last checkpoint is lost
@@ -337,7 +339,8 @@ def test_a_second_run_on_the_same_workdir_refuses(tmp_path):
   try:
     _wait_for_lines(run / 'metrics.jsonl', 2)
     config_before = (run / 'config.json').read_bytes()
-    second = subprocess.run(_command(run), cwd=ROOT, env=_environment(), capture_output=True, text=True, timeout=300)
+    second = command_server.run(_command(run), cwd=ROOT, env=_environment(), capture_output=True, text=True,
+                                timeout=300)
     assert second.returncode == 2
     assert second.stderr.startswith('error: workdir') and 'is in use by a running job (pid ' in second.stderr
     assert second.stderr.count('\n') == 1

@@ -7,13 +7,13 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from experiments.runs import run_record, settings, trainer
 from experiments.runs.metrics import read_metrics, without_wall_clock
+from tests import command_server
 from tests.helpers import smoke_experiment, subprocess_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -124,10 +124,10 @@ def test_the_command_line_refuses_with_one_line_per_field_and_exit_code_2(tmp_pa
   environment = subprocess_environment(1)
   command = [sys.executable, '-m', 'experiments.train', '--config=configs/smoke.py', f'--workdir={tmp_path}',
              '--config.train.steps=5']
-  assert subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, timeout=300).returncode == 0
+  assert command_server.run(command, cwd=ROOT, env=environment, capture_output=True, timeout=300).returncode == 0
   before = _fingerprint(tmp_path)
-  refused = subprocess.run(command + ['--config.model.position.kind=t5', '--config.model.num_heads=4'], cwd=ROOT,
-                           env=environment, capture_output=True, text=True, timeout=300)
+  refused = command_server.run(command + ['--config.model.position.kind=t5', '--config.model.num_heads=4'], cwd=ROOT,
+                               env=environment, capture_output=True, text=True, timeout=300)
   assert refused.returncode == 2
   lines = refused.stderr.splitlines()
   # t5's settings come and sinusoidal's go with the kind: each one a line

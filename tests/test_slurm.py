@@ -6,7 +6,6 @@ import os
 import pathlib
 import shlex
 import stat
-import subprocess
 import sys
 
 import jax
@@ -14,6 +13,7 @@ import pytest
 
 from experiments.runs import parallel
 from experiments.sweeps import slurm
+from tests import command_server
 from tests.helpers import subprocess_environment
 from tests.xla_flags import xla_flags
 
@@ -53,8 +53,8 @@ def _compare(sweep, *extra):
 def test_the_job_array_runs_each_unfinished_run_with_the_local_command(tmp_path, fake_sbatch):
   environment, log = fake_sbatch
   sweep = tmp_path / 'sweep'
-  result = subprocess.run(_compare(sweep, '--launcher=slurm', '--slurm_options=--partition=gpu --time=04:00:00'),
-                          cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+  result = command_server.run(_compare(sweep, '--launcher=slurm', '--slurm_options=--partition=gpu --time=04:00:00'),
+                              cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'submitted SLURM job array 4242: 2 programs of 2 runs (none-seed0, alibi-seed0)' in result.stderr
   assert log.read_text().split()[0] == '--parsable'
@@ -70,8 +70,8 @@ def test_the_job_array_runs_each_unfinished_run_with_the_local_command(tmp_path,
   assert submitted['job'] == '4242' and submitted['runs'] == ['none-seed0', 'alibi-seed0']
   assert not (sweep / 'none-seed0').exists()  # nothing trains here: the cluster does
 
-  early = subprocess.run(_compare(sweep, '--collect'), cwd=ROOT, env=environment, capture_output=True, text=True,
-                         timeout=300)
+  early = command_server.run(_compare(sweep, '--collect'), cwd=ROOT, env=environment, capture_output=True, text=True,
+                             timeout=300)
   assert early.returncode == 1 and 'not finished yet: none-seed0, alibi-seed0' in early.stderr
 
 
@@ -79,12 +79,13 @@ def test_the_job_array_runs_each_unfinished_run_with_the_local_command(tmp_path,
 def test_a_finished_array_is_collected_and_a_resubmission_skips_finished_runs(tmp_path, fake_sbatch):
   environment, log = fake_sbatch
   sweep = tmp_path / 'sweep'
-  result = subprocess.run(_compare(sweep, '--launcher=slurm'), cwd=ROOT, env=dict(environment, FAKE_SBATCH_RUN='1'),
-                          capture_output=True, text=True, timeout=600)
+  result = command_server.run(_compare(sweep, '--launcher=slurm'), cwd=ROOT, env=dict(environment, FAKE_SBATCH_RUN='1'),
+                              capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:] + log.with_suffix('.log.tasks').read_text()[-2000:]
   assert '=== ' in log.with_suffix('.log.tasks').read_text()  # the tasks' header lines
-  collected = subprocess.run(_compare(sweep, '--collect'), cwd=ROOT, env=environment, capture_output=True, text=True,
-                             timeout=300)
+  collected = command_server.run(_compare(sweep, '--collect'), cwd=ROOT, env=environment, capture_output=True,
+                                 text=True,
+                                 timeout=300)
   assert collected.returncode == 0, collected.stderr[-2000:]
   table = (sweep / 'results.md').read_text()
   for name in ('none', 'alibi'):
@@ -92,8 +93,8 @@ def test_a_finished_array_is_collected_and_a_resubmission_skips_finished_runs(tm
              if json.loads(line)['split'] == 'eval'][-1]
     row = next(line for line in table.split('### sequence_accuracy')[0].splitlines() if line.startswith(f'| {name} |'))
     assert f'{final["token_accuracy"]:.3f}' in row
-  again = subprocess.run(_compare(sweep, '--launcher=slurm'), cwd=ROOT, env=environment, capture_output=True,
-                         text=True, timeout=300)  # everything finished: nothing is submitted, the table is written
+  again = command_server.run(_compare(sweep, '--launcher=slurm'), cwd=ROOT, env=environment, capture_output=True,
+                             text=True, timeout=300)  # everything finished: nothing is submitted, the table is written
   assert again.returncode == 0 and 'submitted' not in again.stderr
   assert log.read_text().count('--parsable') == 1
 
@@ -101,8 +102,8 @@ def test_a_finished_array_is_collected_and_a_resubmission_skips_finished_runs(tm
 @pytest.mark.slow
 def test_without_sbatch_the_slurm_launcher_is_one_line(tmp_path):
   environment = dict(subprocess_environment(1), PATH=os.path.dirname(sys.executable))
-  result = subprocess.run(_compare(tmp_path / 'sweep', '--launcher=slurm'), cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=300)
+  result = command_server.run(_compare(tmp_path / 'sweep', '--launcher=slurm'), cwd=ROOT, env=environment,
+                              capture_output=True, text=True, timeout=300)
   assert result.returncode == 2
   assert result.stderr.startswith('error: --launcher=slurm: sbatch is not on PATH') and result.stderr.count('\n') == 1
 
@@ -130,8 +131,8 @@ def test_the_array_script_runs_line_i_plus_1_for_task_i(tmp_path):
   script = tmp_path / 'job.sbatch'
   script.write_text(slurm.array_script(str(tmp_path), str(commands), 2, str(tmp_path), []))
   for task, expected in ((0, 'first'), (1, 'second task')):
-    run = subprocess.run(['bash', str(script)], env=dict(os.environ, SLURM_ARRAY_TASK_ID=str(task)),
-                         capture_output=True, text=True, timeout=60)
+    run = command_server.run(['bash', str(script)], env=dict(os.environ, SLURM_ARRAY_TASK_ID=str(task)),
+                             capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.splitlines()[-1] == expected, run.stderr
 
 
@@ -154,8 +155,8 @@ def _wait_for_job(job: str, environment: dict, timeout: float = 600) -> None:
   import time  # pylint: disable=g-import-not-at-top
   deadline = time.time() + timeout
   while time.time() < deadline:
-    queued = subprocess.run(['squeue', '--noheader', f'--jobs={job}', '--format=%i %T'], env=environment,
-                            capture_output=True, text=True, check=False)
+    queued = command_server.run(['squeue', '--noheader', f'--jobs={job}', '--format=%i %T'], env=environment,
+                                capture_output=True, text=True, check=False)
     if queued.returncode == 0 and not queued.stdout.strip():
       return
     time.sleep(1)
@@ -165,16 +166,16 @@ def _wait_for_job(job: str, environment: dict, timeout: float = 600) -> None:
 @pytest.mark.slow
 def test_a_real_slurm_cluster_runs_a_two_variant_sweep_and_compare_tabulates_it(tmp_path, slurm_cluster):
   sweep = tmp_path / 'sweep'
-  submitted = subprocess.run(_compare(sweep, '--launcher=slurm', '--seeds=2'), cwd=ROOT, env=slurm_cluster,
-                             capture_output=True, text=True, timeout=300)
+  submitted = command_server.run(_compare(sweep, '--launcher=slurm', '--seeds=2'), cwd=ROOT, env=slurm_cluster,
+                                 capture_output=True, text=True, timeout=300)
   assert submitted.returncode == 0, submitted.stderr[-2000:]
   job = json.loads((sweep / 'slurm' / 'submitted.jsonl').read_text())['job']
   assert f'submitted SLURM job array {job}: 2 programs of 4 runs' in submitted.stderr  # a program per variant
   _wait_for_job(job, slurm_cluster)
   logs = {path.name: path.read_text() for path in (sweep / 'slurm').glob(f'{job}_*.log')}
   assert sorted(logs) == [f'{job}_0.log', f'{job}_1.log'], logs
-  collected = subprocess.run(_compare(sweep, '--collect', '--seeds=2'), cwd=ROOT, env=slurm_cluster,
-                             capture_output=True, text=True, timeout=300)
+  collected = command_server.run(_compare(sweep, '--collect', '--seeds=2'), cwd=ROOT, env=slurm_cluster,
+                                 capture_output=True, text=True, timeout=300)
   assert collected.returncode == 0, collected.stderr[-2000:] + '\n'.join(logs.values())[-3000:]
   table = (sweep / 'results.md').read_text()
   for name in ('none', 'alibi'):

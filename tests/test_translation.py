@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import subprocess
 import sys
 
 import jax
@@ -17,6 +16,7 @@ from experiments.runs import settings, trainer
 from experiments.data import bible, prepare_bible
 from experiments.tasks.base import BOS, EOS, PAD, TaskSettings
 from experiments.tasks.translation import Translation, longest_target
+from tests import command_server
 from tests.helpers import init, tiny, with_overrides
 
 
@@ -178,7 +178,7 @@ def test_the_translate_command_scores_every_held_out_verse_of_a_bucket_and_every
     trainer.run(settings.from_config_dict(config, jax.device_count()), str(sweep / f'{kind}-seed0'))
   run = sweep / 'sinusoidal-seed0'
   command = [sys.executable, '-m', 'experiments.translate', f'--workdir={run}', '--lengths=16', '--beam=2']
-  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  result = command_server.run(command, capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stderr
   scores = json.loads((run / 'translation_scores.json').read_text())
   lines = (run / 'translations_eval.tsv').read_text().splitlines()[1:]
@@ -190,11 +190,11 @@ def test_the_translate_command_scores_every_held_out_verse_of_a_bucket_and_every
   copy = sacrebleu.corpus_bleu([r[0] for r in rows], [[r[1] for r in rows]]).score
   assert scores['buckets']['16']['copy_bleu'] == pytest.approx(copy)
   assert 0.0 <= scores['buckets']['all']['beam_bleu'] <= 100.0
-  bad = subprocess.run(command[:-1] + ['--beam=1'], capture_output=True, text=True, check=False)
+  bad = command_server.run(command[:-1] + ['--beam=1'], capture_output=True, text=True, check=False)
   assert bad.returncode == 2 and '--beam: got 1; valid: 2 or more' in bad.stderr
 
-  whole_sweep = subprocess.run([sys.executable, '-m', 'experiments.translate', f'--sweep={sweep}', '--lengths=16',
-                                '--beam=2'], capture_output=True, text=True, check=False)
+  whole_sweep = command_server.run([sys.executable, '-m', 'experiments.translate', f'--sweep={sweep}', '--lengths=16',
+                                    '--beam=2'], capture_output=True, text=True, check=False)
   assert whole_sweep.returncode == 0, whole_sweep.stderr
   assert 'sinusoidal-seed0: scored before, with the same options' in whole_sweep.stdout
   assert 'rope-seed0: decoding' in whole_sweep.stdout
@@ -206,5 +206,5 @@ def test_the_translate_command_scores_every_held_out_verse_of_a_bucket_and_every
                        f'| sinusoidal-seed0 | {scores["buckets"]["16"]["greedy_bleu"]:.1f} / '
                        f'{scores["buckets"]["16"]["beam_bleu"]:.1f} | {scores["buckets"]["all"]["greedy_bleu"]:.1f} / '
                        f'{scores["buckets"]["all"]["beam_bleu"]:.1f} |']
-  both = subprocess.run(command + [f'--sweep={sweep}'], capture_output=True, text=True, check=False)
+  both = command_server.run(command + [f'--sweep={sweep}'], capture_output=True, text=True, check=False)
   assert both.returncode == 2 and '--workdir / --sweep: give one' in both.stderr
