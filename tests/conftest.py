@@ -12,7 +12,8 @@ The tests' programs are tiny: compiling them takes far longer than running them.
 JAX_DISABLE_MOST_OPTIMIZATIONS, XLA compiles at backend optimisation level 0 without LLVM's expensive passes, which
 change how fast a program runs, not what it computes; every process the tests start inherits it. Set it
 to 0 to test the optimised programs (BENCHMARKS.md has what it saves). For the same reason XLA compiles CPU
-fusions with its elemental loop emitter, not its MLIR fusion emitters (tests/xla_flags.py).
+fusions with its elemental loop emitter, not its MLIR fusion emitters (tests/xla_flags.py), and the suite's
+own process lowers its programs into MLIR contexts it reuses (`reuse_mlir_contexts`).
 """
 
 import atexit
@@ -34,6 +35,30 @@ if 'PYTEST_XDIST_WORKER' not in os.environ and 'JAX_COMPILATION_CACHE_DIR' not i
 # small programs, and loading them beats compiling them again (BENCHMARKS.md has the timings).
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
+
+def reuse_mlir_contexts(uses: int = 256):
+  """JAX lowers every program, each eager operation's too, in an MLIR context of its own, and loading the
+  dialects into a fresh context is a fifth of the time of the eager suites (py-spy); here one context serves
+  `uses` lowerings before the next is made. A context holds the types and attributes it has uniqued; the
+  lowered text does not depend on which context it was built in (tests/test_conftest.py checks it).
+  TESTS_FRESH_MLIR_CONTEXTS=1 leaves JAX's own function in place; so does a JAX without it."""
+  from jax._src.interpreters import mlir  # pylint: disable=g-import-not-at-top  (after the environment above)
+  fresh = getattr(mlir, 'make_ir_context', None)
+  if fresh is None or os.environ.get('TESTS_FRESH_MLIR_CONTEXTS') == '1':
+    return
+  state = {'context': None, 'uses': 0}
+
+  def reused():
+    if state['context'] is None or state['uses'] >= uses:
+      state['context'], state['uses'] = fresh(), 0
+    state['uses'] += 1
+    return state['context']
+  reused.fresh, reused.state = fresh, state
+  mlir.make_ir_context = reused
+
+
+reuse_mlir_contexts()
+
 # The fast tier (-m 'not slow') runs the suite every variant gets for a few variants that between them use
 # every hook: rope (rotate), shaw (logits and values terms, the causal band), t5 (a bias shared across
 # layers, a kernel term), tupe_a (untied embedding terms, the scale, [CLS]) and cope (reads q.k, all keys at
@@ -49,3 +74,4 @@ def pytest_collection_modifyitems(config, items):
     kind = getattr(item, 'callspec', None) and item.callspec.params.get('kind')
     if isinstance(kind, str) and kind in transformer.VARIANTS and kind not in FAST_TIER_VARIANTS:
       item.add_marker(pytest.mark.slow)
+
