@@ -10,8 +10,8 @@ does: SystemExit's code, a traceback and 1 for any other exception, non-daemon t
 atexit handlers. The libraries only imported, not started: XLA reads XLA_FLAGS (the device count) when
 the command first asks for a device, in the child.
 
-Anything else, including an environment whose JAX_ or PYTHON settings differ from the server's (JAX reads
-those on import), runs as a process of its own through subprocess.run. TESTS_FORK_COMMANDS=0 runs every
+An environment whose JAX_ or PYTHON settings differ (JAX reads those on import) gets a server of its own;
+any other command runs as a process of its own through subprocess.run. TESTS_FORK_COMMANDS=0 runs every
 command as its own process.
 """
 
@@ -34,7 +34,7 @@ SERVER = r'''
 import importlib, json, os, sys
 for name in json.loads(sys.argv[1]):
   importlib.import_module(name)
-import runpy, signal, threading, traceback, atexit
+import runpy, signal, threading, time, traceback, atexit
 
 
 def serve(request):
@@ -86,7 +86,6 @@ for line in sys.stdin:
       traceback.print_exc()
     finally:
       os._exit(70)
-  import time
   deadline = None if request['timeout'] is None else time.monotonic() + request['timeout']
   timed_out = False
   while True:
@@ -117,14 +116,13 @@ class _Server:
   """One forking server per test process, started on first use, ended with the process."""
 
   def __init__(self, env: dict, cwd: str):
-    self.env, self.cwd = env, cwd
     self.process = subprocess.Popen([sys.executable, '-c', SERVER, json.dumps(PRELOAD)], cwd=cwd, env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     self.lock = threading.Lock()
     atexit.register(self.close)
 
-  def serves(self, env: dict, cwd: str) -> bool:
-    return self.process.poll() is None and _inherited(env) == _inherited(self.env) and cwd == self.cwd
+  def alive(self) -> bool:
+    return self.process.poll() is None
 
   def run(self, module: str, arguments: list, env: dict, cwd: str, timeout) -> tuple:
     with self.lock, tempfile.TemporaryDirectory(prefix='command-') as folder:
@@ -154,9 +152,9 @@ def run(command, *, cwd=None, env=None, capture_output=False, text=None, timeout
   if not forkable:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=capture_output, text=text, timeout=timeout,
                           check=check, **kwargs)
-  key = (tuple(sorted(_inherited(env).items())), cwd)
+  key = tuple(sorted(_inherited(env).items()))
   server = _servers.get(key)
-  if server is None or not server.serves(env, cwd):
+  if server is None or not server.alive():
     server = _servers[key] = _Server(env, cwd)
   answer, stdout, stderr = server.run(str(command[2]), [str(a) for a in command[3:]], env, cwd, timeout)
   if answer['timed_out']:
