@@ -92,9 +92,10 @@ VARIANT_SETTINGS = [(k, {}) for k in ALL] + [
 @pytest.mark.parametrize('kind,position', VARIANT_SETTINGS, ids=lambda v: str(v))
 @pytest.mark.parametrize('causal,has_cls', [(True, False), (False, False), (False, True)])
 def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
-  if _run(kind, causal, has_cls, **position) is None:
+  run = _run(kind, causal, has_cls, **position)
+  if run is None:
     return  # refused, as checked
-  module, params, x, config = _run(kind, causal, has_cls, **position)
+  module, params, x, config = run
   ours = module.apply(params, x)
   reference = transcriptions.attention(kind, np.asarray(x), params['params'], H, causal, has_cls, config.position.settings)
   np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=1e-5)
@@ -105,9 +106,10 @@ def test_matches_naive_loop_of_the_paper(kind, position, causal, has_cls):
 def test_scalable_softmax_matches_the_naive_loop_with_every_variant(kind, causal):
   """position.ssmax: the queries times s_h log n_i (n_i = i + 1 causal, L otherwise) before each variant's
   logit, as the transcription applies it; s_h randomised with the other parameters."""
-  if _run(kind, causal, ssmax=True) is None:
+  run = _run(kind, causal, ssmax=True)
+  if run is None:
     return  # refused, as checked
-  module, params, x, config = _run(kind, causal, ssmax=True)
+  module, params, x, config = run
   assert config.position.settings.ssmax and 'ssmax_scale' in params['params']['attention']
   reference = transcriptions.attention(kind, np.asarray(x), params['params'], H, causal, False, config.position.settings)
   np.testing.assert_allclose(module.apply(params, x), reference, atol=1e-5, rtol=1e-5)
@@ -119,9 +121,10 @@ def test_shift_invariant_exactly_where_the_variant_claims_it(kind, causal):
   """Positions shifted by 37: the same outputs for a variant that claims shift invariance
   (Variant.shift_invariant, or its settings' claim), different ones for every other: the test fails both ways. A claim that
   ends at a position (Settings.shift_invariant_below) must also fail beyond it."""
-  if _run(kind, causal) is None:
+  run = _run(kind, causal)
+  if run is None:
     return  # refused, as checked
-  module, params, x, config = _run(kind, causal)
+  module, params, x, config = run
   limit = config.position.settings.shift_invariant_below()
   assert limit is None or limit > 37 + L, (kind, limit)  # the settings of _config keep the shift within it
   same = np.allclose(module.apply(params, x), module.apply(params, x, offset=37), atol=1e-5)
@@ -395,7 +398,7 @@ def test_packed_documents_score_as_each_document_alone(kind, implementation):
   """A row of four documents with positions restarting in each and attention kept within each gives, at every
   token, the logits of its document run alone from position 0, hooks' parameters randomised; in blocks of 2
   queries (and keys) too, blocks that straddle the documents' boundaries. The documents have one length, so
-  running them alone compiles the model's operations for one shape."""
+  they run alone as the rows of one batch."""
   lengths = (3, 3, 3, 3)
   if kind == 'cope':
     model = T.DecoderOnly(tiny(kind))
@@ -409,10 +412,10 @@ def test_packed_documents_score_as_each_document_alone(kind, implementation):
   x, positions, segments = _packed_row(lengths)
   params = random_positions(init(model, x))
   packed = jax.jit(functools.partial(model.apply, params))(x, positions_BxL=positions, segments_BxL=segments)
-  start = 0
-  for length in lengths:
-    alone = model.apply(params, x[:, start:start + length])
-    np.testing.assert_allclose(packed[:, start:start + length], alone, atol=2e-5, rtol=2e-5)
-    start += length
+  (length,), starts = set(lengths), np.cumsum((0,) + lengths[:-1])
+  documents_alone = model.apply(params, jnp.concatenate([x[:, start:start + length] for start in starts]))
+  for index, start in enumerate(starts):
+    np.testing.assert_allclose(packed[:, start:start + length], documents_alone[index * len(x):(index + 1) * len(x)],
+                               atol=2e-5, rtol=2e-5, err_msg=f'document {index}')
   unpacked = model.apply(params, x)
   assert not np.allclose(packed[:, 3:], unpacked[:, 3:], atol=1e-3)  # packing changed what later documents see
