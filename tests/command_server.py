@@ -3,14 +3,17 @@
 Every command a test starts would otherwise import JAX, Flax, Optax, Orbax and the rest anew, about 1.1 s
 of CPU on the test machine, before it can parse a flag. `run` takes the arguments of `subprocess.run`; a
 command of the form `[sys.executable, '-m', MODULE, ...]` whose output is captured runs in a child forked
-from a server (one per test process) that has imported those libraries and nothing of this project, with
-the command's environment, working directory and arguments. The child runs MODULE as `python -m` would
+from a server (one per test process) that has imported those libraries and this project's library modules
+(not its commands, which define flags and run as `__main__`), with the command's environment, working
+directory and arguments. The child runs MODULE as `python -m` would
 (`runpy`, `__main__`, sys.argv and sys.path[0] as the command line sets them) and exits as an interpreter
 does: SystemExit's code, a traceback and 1 for any other exception, non-daemon threads joined, then the
-atexit handlers. The libraries only imported, not started: XLA reads XLA_FLAGS (the device count) when
-the command first asks for a device, in the child.
+atexit handlers. The libraries only imported, not started (the server refuses to serve if an import started a
+JAX backend): XLA reads XLA_FLAGS (the device count) when the command first asks for a device, in the child.
+None of the preloaded modules reads the environment when imported.
 
-An environment whose JAX_ or PYTHON settings differ (JAX reads those on import) gets a server of its own;
+An environment whose JAX_ or PYTHON settings differ (JAX reads those on import), or a command that would import
+this project from another checkout (its working directory or PYTHONPATH), gets a server of its own;
 any other command runs as a process of its own through subprocess.run. TESTS_FORK_COMMANDS=0 runs every
 command as its own process.
 """
@@ -29,11 +32,25 @@ ENABLED = os.environ.get('TESTS_FORK_COMMANDS', '1') != '0'
 # matters across a fork (NumPy's BLAS threads are re-created in the child).
 PRELOAD = ('jax', 'jax.numpy', 'flax.linen', 'optax', 'orbax.checkpoint', 'chex', 'ml_collections',
            'absl.app', 'absl.flags', 'absl.logging', 'numpy', 'scipy.stats')
+# What a command imports of this project before its first step (`python -X importtime` of a training command);
+# found from the server's working directory and PYTHONPATH, as the command finds them, or left to the command.
+PRELOAD_PROJECT = ('transformer', 'experiments.tasks', 'experiments.runs.parallel', 'experiments.runs.preflight',
+                   'experiments.runs.trainer', 'experiments.runs.checkpoints', 'experiments.sweeps.results')
 
 SERVER = r'''
 import importlib, json, os, sys
-for name in json.loads(sys.argv[1]):
+libraries, project = json.loads(sys.argv[1])
+for name in libraries:
   importlib.import_module(name)
+sys.path[0] = os.getcwd()  # where `python -m` looks first
+for name in project:
+  try:
+    importlib.import_module(name)
+  except ImportError:  # not importable from here: the command imports what it can itself
+    pass
+from jax._src import xla_bridge
+if getattr(xla_bridge, '_backends', None):
+  sys.exit('a preloaded module started a JAX backend: its device count would be the server\'s, not the command\'s')
 import runpy, signal, threading, time, traceback, atexit
 
 
@@ -112,12 +129,21 @@ def _inherited(env: dict) -> dict:
   return {k: v for k, v in env.items() if k.startswith(('JAX_', 'PYTHON'))}
 
 
+def _project_checkout(cwd: str, env: dict):
+  """The folder `python -m` imports this project from in `cwd` with `env`: the first of the working directory and
+  PYTHONPATH's folders that holds it; None for the installed one."""
+  for folder in [cwd, *env.get('PYTHONPATH', '').split(os.pathsep)]:
+    if folder and os.path.isfile(os.path.join(cwd, folder, 'transformer', '__init__.py')):
+      return os.path.realpath(os.path.join(cwd, folder))
+  return None
+
+
 class _Server:
   """One forking server per test process, started on first use, ended with the process."""
 
   def __init__(self, env: dict, cwd: str):
-    self.process = subprocess.Popen([sys.executable, '-c', SERVER, json.dumps(PRELOAD)], cwd=cwd, env=env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.process = subprocess.Popen([sys.executable, '-c', SERVER, json.dumps([PRELOAD, PRELOAD_PROJECT])], cwd=cwd,
+                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     self.lock = threading.Lock()
     atexit.register(self.close)
 
@@ -152,7 +178,7 @@ def run(command, *, cwd=None, env=None, capture_output=False, text=None, timeout
   if not forkable:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=capture_output, text=text, timeout=timeout,
                           check=check, **kwargs)
-  key = tuple(sorted(_inherited(env).items()))
+  key = (_project_checkout(cwd, env), tuple(sorted(_inherited(env).items())))
   server = _servers.get(key)
   if server is None or not server.alive():
     server = _servers[key] = _Server(env, cwd)
