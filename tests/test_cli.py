@@ -1,5 +1,6 @@
-"""The command line, in real subprocesses: SIGTERM and resume, two hosts on loopback. (The table of
-bad configurations is in test_robustness.py.)"""
+"""The command line, in real subprocesses: SIGTERM and resume, two hosts on loopback; the uninterrupted runs they
+are compared with, and the restarts, in forks of the command server. (The table of bad configurations is in
+test_robustness.py.)"""
 
 import json
 import pathlib
@@ -13,6 +14,7 @@ import pytest
 
 from experiments.runs.metrics import read_metrics, without_wall_clock
 
+from tests import command_server
 from tests.helpers import subprocess_environment
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -25,9 +27,11 @@ def _command(workdir, *overrides, config='configs/smoke.py'):
   return [sys.executable, '-m', 'experiments.train', f'--config={config}', f'--workdir={workdir}', *overrides]
 
 
-def _train(workdir, *overrides, devices=1, **kwargs):
-  return subprocess.run(_command(workdir, *overrides), cwd=ROOT, env=_environment(devices), capture_output=True,
-                        text=True, timeout=300, **kwargs)
+def _train(workdir, *overrides, devices=1):
+  """A run to completion, in a fork of the command server (tests/command_server.py): what the signalled commands and
+  the processes on loopback are compared with, and the restarts after a signal."""
+  return command_server.run(_command(workdir, *overrides), cwd=ROOT, env=_environment(devices), capture_output=True,
+                            text=True, timeout=300)
 
 
 def test_missing_config_file_and_missing_workdir_are_one_line_errors(tmp_path):

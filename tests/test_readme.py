@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests import command_server
 from tests.xla_flags import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -57,10 +58,11 @@ CHECK_COMMANDS = '''
 import json
 import os
 import sys
-module, commands = sys.argv[1], json.loads(sys.argv[2])
+module, commands, preload = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 import importlib
-# The slow imports once; each command then parses in a fork of its own, where its module defines its flags
-# (ml_collections' config flags read their overrides from sys.argv when they are defined).
+# The slow imports once, the project's library modules among them; each command then parses in a fork of its
+# own, where its module defines its flags (ml_collections' config flags read their overrides from sys.argv when
+# they are defined).
 import jax
 import flax.linen
 import orbax.checkpoint
@@ -68,6 +70,8 @@ import scipy.stats
 from absl import flags
 from experiments.runs import settings
 from experiments.shared import cli
+for name in preload:
+  importlib.import_module(name)
 
 
 def check(arguments):
@@ -141,13 +145,14 @@ def test_every_documented_command_parses_and_its_config_validates(module, tmp_pa
     texts.mkdir()
     for index in range(40):
       (texts / f'{index}.txt').write_text(' '.join(f'word{(index * 7 + k) % 50}' for k in range(400 + index)))
-    prepared = subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', f'--input={texts}',
+    prepared = command_server.run([sys.executable, '-m', 'experiments.prepare_corpus', f'--input={texts}',
                                f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2'],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     commands = [[argument.replace(USER_CORPUS, str(tmp_path / 'corpus')) for argument in command]
                 for command in commands]
-  result = subprocess.run([sys.executable, '-c', CHECK_COMMANDS, module, json.dumps(commands)], cwd=ROOT,
+  result = subprocess.run([sys.executable, '-c', CHECK_COMMANDS, module, json.dumps(commands),
+                           json.dumps(command_server.PRELOAD_PROJECT)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, JAX_PLATFORMS='cpu',
                                    XLA_FLAGS=xla_flags(1)))
