@@ -10,10 +10,10 @@ directory and arguments. The child runs MODULE as `python -m` would
 does: SystemExit's code, a traceback and 1 for any other exception, non-daemon threads joined, then the
 atexit handlers. The libraries only imported, not started (the server refuses to serve if an import started a
 JAX backend): XLA reads XLA_FLAGS (the device count) when the command first asks for a device, in the child.
-None of the preloaded modules reads the environment when imported.
 
-An environment whose JAX_ or PYTHON settings differ (JAX reads those on import), or a command that would import
-this project from another checkout (its working directory or PYTHONPATH), gets a server of its own;
+An environment whose settings read on import differ (JAX's JAX_ variables, Python's, and
+EXPERIMENTS_KEEP_FREED_MEMORY, which importing `experiments` reads), or a command that would import this project
+from another checkout (its working directory or PYTHONPATH), gets a server of its own;
 any other command runs as a process of its own through subprocess.run. TESTS_FORK_COMMANDS=0 runs every
 command as its own process.
 """
@@ -125,8 +125,9 @@ for line in sys.stdin:
 
 
 def _inherited(env: dict) -> dict:
-  """The settings a process reads when it imports JAX and Python starts: the server's must be the command's."""
-  return {k: v for k, v in env.items() if k.startswith(('JAX_', 'PYTHON'))}
+  """The settings a process reads when Python starts and the server's modules are imported: the server's must be
+  the command's."""
+  return {k: v for k, v in env.items() if k.startswith(('JAX_', 'PYTHON')) or k == 'EXPERIMENTS_KEEP_FREED_MEMORY'}
 
 
 def _project_checkout(cwd: str, env: dict):
@@ -136,6 +137,11 @@ def _project_checkout(cwd: str, env: dict):
     if folder and os.path.isfile(os.path.join(cwd, folder, 'transformer', '__init__.py')):
       return os.path.realpath(os.path.join(cwd, folder))
   return None
+
+
+def server_key(cwd: str, env: dict) -> tuple:
+  """Commands with one key share a server: the same checkout of this project, the same settings read on import."""
+  return _project_checkout(cwd, env), tuple(sorted(_inherited(env).items()))
 
 
 class _Server:
@@ -178,7 +184,7 @@ def run(command, *, cwd=None, env=None, capture_output=False, text=None, timeout
   if not forkable:
     return subprocess.run(command, cwd=cwd, env=env, capture_output=capture_output, text=text, timeout=timeout,
                           check=check, **kwargs)
-  key = (_project_checkout(cwd, env), tuple(sorted(_inherited(env).items())))
+  key = server_key(cwd, env)
   server = _servers.get(key)
   if server is None or not server.alive():
     server = _servers[key] = _Server(env, cwd)

@@ -47,3 +47,18 @@ def test_a_command_past_its_timeout_is_killed_and_raises_as_subprocess_run_does(
   after = command_server.run([sys.executable, '-m', 'json.tool'], cwd=tmp_path, env=subprocess_environment(),
                              capture_output=True, text=True, timeout=60)
   assert after.returncode == 1  # the server serves the next command (json.tool reads an empty stdin)
+
+
+def test_commands_share_a_server_only_with_one_checkout_and_one_import_time_setting(tmp_path):
+  """The server has imported the project: a command that would import it from elsewhere, or that sets a variable
+  read on import differently, gets another server; the working directory alone does not."""
+  environment = subprocess_environment()  # PYTHONPATH is this checkout
+  key = command_server.server_key(str(ROOT), environment)
+  assert key[0] == str(ROOT.resolve())
+  assert command_server.server_key(str(tmp_path), environment) == key
+  (tmp_path / 'transformer').mkdir()
+  (tmp_path / 'transformer' / '__init__.py').write_text('')
+  assert command_server.server_key(str(tmp_path), environment)[0] == str(tmp_path.resolve())  # `-m` looks there first
+  assert command_server.server_key(str(ROOT), dict(environment, EXPERIMENTS_KEEP_FREED_MEMORY='0')) != key
+  assert command_server.server_key(str(ROOT), dict(environment, JAX_ENABLE_X64='1')) != key
+  assert command_server.server_key(str(ROOT), dict(environment, TMPDIR=str(tmp_path))) == key

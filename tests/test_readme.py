@@ -146,8 +146,8 @@ def test_every_documented_command_parses_and_its_config_validates(module, tmp_pa
     for index in range(40):
       (texts / f'{index}.txt').write_text(' '.join(f'word{(index * 7 + k) % 50}' for k in range(400 + index)))
     prepared = command_server.run([sys.executable, '-m', 'experiments.prepare_corpus', f'--input={texts}',
-                               f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2'],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+                                   f'--output={tmp_path / "corpus"}', '--tokenizer=bytes', '--heldout_fraction=0.2'],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     commands = [[argument.replace(USER_CORPUS, str(tmp_path / 'corpus')) for argument in command]
                 for command in commands]
