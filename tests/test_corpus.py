@@ -244,6 +244,43 @@ def test_windows_are_slices_of_their_split_from_seed_and_step(prepared):
     assert np.all(batch['weights'][:, 0] == 0) and np.all(batch['weights'][:, 1:] == 1)
 
 
+def test_a_process_reads_only_its_rows_and_they_are_those_rows_of_the_whole_batch(prepared):
+  """Task.batch_rows, what each of several processes reads: rows 0-2 and 3-7 of a batch of 8 are those rows of
+  the whole batch (stream and packed documents, training and evaluation, and passkey rows mixed in by their
+  row in the whole batch, on the shipped corpus); the corpus reads the windows of its rows only."""
+  from configs import corpus as corpus_config
+  plain_shipped = _task(corpus_config.SHIPPED, max_length=160)
+  with_passkeys = _task(corpus_config.SHIPPED, max_length=160, passkey_fraction=0.5)
+  for task in (_task(prepared), _task(prepared, packing='documents', max_length=16), with_passkeys):
+    assert task.validate() is None
+    for split, length in (('train', None), ('eval', 64)):
+      whole = task.batch(2, 5, split, 8, length=length)
+      for rows in (slice(0, 3), slice(3, 8)):
+        part = task.batch_rows(2, 5, split, 8, rows, length=length)
+        assert sorted(part) == sorted(whole)
+        for name, array in whole.items():
+          np.testing.assert_array_equal(part[name], array[rows], err_msg=f'{name}, rows {rows}, {split}')
+  mixed_later = with_passkeys.batch_rows(2, 5, 'train', 8, slice(3, 8))['targets']
+  assert not np.array_equal(mixed_later, plain_shipped.batch(2, 5, 'train', 8)['targets'][3:])  # some are passkey rows
+
+  task, reads = _task(prepared), []
+  stream = task.stream
+
+  class Recorded:
+    def __init__(self, tokens):
+      self.tokens = tokens
+
+    def __len__(self):
+      return len(self.tokens)
+
+    def __getitem__(self, index):
+      reads.append(index)
+      return self.tokens[index]
+  task.stream = lambda split: Recorded(stream(split))
+  part = task.batch_rows(2, 5, 'train', 8, slice(3, 5))
+  assert len(reads) == 2 and part['targets'].shape == (2, 32)
+
+
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_tokens_over_bytes(prepared):
   import jax.numpy as jnp
   task = _task(prepared)

@@ -54,7 +54,8 @@ def test_a_preset_steps_split_over_eight_devices(size):
       state, batch, seed, model=model, task=task, experiment=two_layers, axis_name=axis_name))
   losses = []
   for step in range(2):
-    batch = placement.put_batch(task.batch(two_layers.seed, step, 'train', two_layers.train.batch_size))
+    batch = placement.put_batch(task.batch(two_layers.seed, step, 'train', two_layers.train.batch_size),
+                                two_layers.train.batch_size)
     state, metrics = train_step(state, batch, np.uint32(two_layers.seed))
     sums = placement.to_host(metrics)
     losses.append(float(sums['loss_sum'] / sums['weight_sum']))

@@ -87,18 +87,20 @@ def run_row(config_argument: str, count: int, overrides: dict | None = None) -> 
   experiment, replicas, task, placement = program.experiment, program.replicas, program.task, program.placement
   seed_argument = replicas.seed_argument()
   batch_size = experiment.train.batch_size
+  rows = placement.host_rows(batch_size)
   batch_times = []
 
   def one_step(state, step):
     started = time.perf_counter()
-    batches = [task.batch(seed, step, 'train', batch_size) for seed in replicas.seeds]
+    batches = [task.batch_rows(seed, step, 'train', batch_size, rows) for seed in replicas.seeds]
     batch_times.append(time.perf_counter() - started)
-    state, metrics = program.train_step(state, placement.put_batch(replicas.join(batches)), seed_argument)
+    state, metrics = program.train_step(state, placement.put_batch(replicas.join(batches), batch_size), seed_argument)
     replicas.split(placement.to_host(metrics))
     return state
 
   started = time.perf_counter()
-  first_batch = placement.put_batch(replicas.join([task.batch(seed, 0, 'train', batch_size) for seed in replicas.seeds]))
+  first_batch = placement.put_batch(
+      replicas.join([task.batch_rows(seed, 0, 'train', batch_size, rows) for seed in replicas.seeds]), batch_size)
   memory_analysis = program.train_step.lower(program.state, first_batch, seed_argument).compile().memory_analysis()
   state = one_step(program.state, 0)
   compile_seconds = time.perf_counter() - started

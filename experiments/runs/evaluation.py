@@ -7,6 +7,7 @@ from typing import Optional
 import jax
 import numpy as np
 
+from experiments.runs.parallel import sum_over_processes
 from experiments.tasks.base import Task
 
 MIN_BUCKET = 8
@@ -40,15 +41,16 @@ def evaluate(task: Task, experiment, placement, eval_step, params, step: int, re
   of its own seed); one metrics record per replica and length, written by that replica's writer (None:
   the replica writes nothing, e.g. one that has diverged). Returns each replica's records by length."""
   records = [{} for _ in replicas.seeds]
+  batch_size = experiment.train.batch_size
+  rows = placement.host_rows(batch_size)
   for length in experiment.task.eval_lengths:
     totals = [None] * replicas.count
     for index in range(experiment.task.eval_batches):
-      batches = [task.batch(seed, index, 'eval', experiment.train.batch_size, length=length)
-                 for seed in replicas.seeds]
+      batches = [task.batch_rows(seed, index, 'eval', batch_size, rows, length=length) for seed in replicas.seeds]
       padded = replicas.join([pad_batch(batch, position_cap, task.fixed_width_keys) for batch in batches])
-      all_sums = replicas.split(placement.to_host(eval_step(params, placement.put_batch(padded))))
+      all_sums = replicas.split(placement.to_host(eval_step(params, placement.put_batch(padded, batch_size))))
       for i, (sums, batch) in enumerate(zip(all_sums, batches)):
-        sums = dict(sums, **task.host_metrics(batch))
+        sums = dict(sums, **sum_over_processes(task.host_metrics(batch)))
         totals[i] = sums if totals[i] is None else jax.tree_util.tree_map(np.add, totals[i], sums)
     for i, writer in enumerate(metrics_writers):
       record = dict(step=step, split='eval', length=length, **task.summarize(totals[i]),

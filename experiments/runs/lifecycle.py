@@ -17,6 +17,7 @@ from absl import logging
 
 from experiments.runs import checkpoints as checkpoints_module
 from experiments.runs import metrics as metrics_file
+from experiments.runs import parallel
 from experiments.runs import run_record
 from experiments.runs.checkpoints import Checkpoints
 from experiments.runs.run_record import SUMMARY_FILE
@@ -225,17 +226,21 @@ class Runs:
     good checkpoint kept); on log_now, a metrics record per active run. Returns the first record written."""
     elapsed = max(time.time() - self._window_start, 1e-9)
     shown = None
+    for i, batch in enumerate(batches):  # this process's rows of each run's batch
+      if self.active[i]:
+        self._window_tokens[i] += float(np.sum(batch['valid']))
+    if log_now:  # every process logs at the same steps
+      window_tokens = parallel.sum_over_processes({'tokens': np.asarray(self._window_tokens)})['tokens']
     for i, summary in enumerate(summaries):
       if not self.active[i]:
         continue
-      self._window_tokens[i] += float(np.sum(batches[i]['valid']))
       if not np.isfinite(summary['loss']):
         self._diverge(i, summary['loss'], step)
         continue
       if log_now:
         record = dict(step=step, split='train', **summary, learning_rate=float(host_metrics[i]['learning_rate']),
                       gradient_norm=float(host_metrics[i]['gradient_norm']),
-                      tokens_per_second=self._window_tokens[i] / elapsed, wall_time=time.time() - self._started)
+                      tokens_per_second=float(window_tokens[i]) / elapsed, wall_time=time.time() - self._started)
         self.writers[i].write(record)
         shown = shown or record
     if log_now:

@@ -64,8 +64,14 @@ class _Placement:
     self.mesh_shape = mesh_shape(parallel, self.num_devices)
     self.state_specs = state_specs
 
-  def put_batch(self, global_batch: dict) -> dict:
-    """This host's part of a global batch (numpy), placed for the step."""
+  def host_rows(self, batch_size: int) -> slice:
+    """The examples of a global batch of batch_size that this process's devices take: the rows it reads
+    (Task.batch_rows) and hands to put_batch. All of them with one process."""
+    raise NotImplementedError
+
+  def put_batch(self, host_batch: dict, batch_size: int) -> dict:
+    """This process's rows (host_rows(batch_size), along batch_axis) of a global batch of batch_size examples
+    (numpy), placed for the step."""
     raise NotImplementedError
 
   def put_state(self, host_state):
@@ -103,17 +109,19 @@ class _Placement:
 class PmapPlacement(_Placement):
   """pmap: the state replicated on every local device, a leading device axis on batches and states."""
 
-  def put_batch(self, global_batch: dict) -> dict:
-    axis = self.batch_axis
-    per_host = next(iter(global_batch.values())).shape[axis] // jax.process_count()
-    start = jax.process_index() * per_host
-    local_count = len(self.local_devices)
+  def host_rows(self, batch_size: int) -> slice:
+    per_host = batch_size // jax.process_count()
+    return slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
 
-    def local_part(v):  # this host's examples, one slice per local device, the device axis first
-      mine = np.take(v, np.arange(start, start + per_host), axis=axis)
-      split = mine.reshape(*v.shape[:axis], local_count, per_host // local_count, *v.shape[axis + 1:])
+  def put_batch(self, host_batch: dict, batch_size: int) -> dict:
+    axis, local_count = self.batch_axis, len(self.local_devices)
+    per_host = batch_size // jax.process_count()
+
+    def on_devices(v):  # one slice of this host's examples per local device, the device axis first
+      assert v.shape[axis] == per_host, (v.shape, axis, per_host)
+      split = v.reshape(*v.shape[:axis], local_count, per_host // local_count, *v.shape[axis + 1:])
       return np.moveaxis(split, axis, 0)
-    return {k: local_part(v) for k, v in global_batch.items()}
+    return {k: on_devices(v) for k, v in host_batch.items()}
 
   def put_state(self, host_state):
     # pmap (jit + shard_map since JAX 0.8) returns arrays sharded over a mesh whose axis is named
@@ -161,9 +169,29 @@ class MeshPlacement(_Placement):
     return jax.tree_util.tree_unflatten(structure, [
         NamedSharding(self.mesh, PartitionSpec(*([None] * self.batch_axis), *spec)) for spec in specs])
 
-  def put_batch(self, global_batch: dict) -> dict:
-    return {k: jax.make_array_from_callback(v.shape, self.sharded, lambda index, v=v: v[index])
-            for k, v in global_batch.items()}
+  def host_rows(self, batch_size: int) -> slice:
+    """The span of the batch rows this process's devices hold (contiguous: the mesh orders devices by
+    process)."""
+    by_device = NamedSharding(self.mesh, PartitionSpec(sharding.BATCH_AXES)).addressable_devices_indices_map(
+        (batch_size,))
+    spans = sorted({(index[0].indices(batch_size)[:2]) for index in by_device.values()})
+    start, stop = spans[0][0], spans[-1][1]
+    if sum(stop - start for start, stop in spans) != stop - start:
+      raise ValueError(f'this process\'s devices hold batch rows {spans}, not one span; valid: a device list '
+                       'ordered by process (jax.devices())')
+    return slice(start, stop)
+
+  def put_batch(self, host_batch: dict, batch_size: int) -> dict:
+    axis, rows = self.batch_axis, self.host_rows(batch_size)
+
+    def placed(v):
+      shape = (*v.shape[:axis], batch_size, *v.shape[axis + 1:])
+
+      def local(index):  # the global index of a device's block -> the same block of this host's rows
+        row_block = index[axis].indices(batch_size)
+        return v[(*index[:axis], slice(row_block[0] - rows.start, row_block[1] - rows.start), *index[axis + 1:])]
+      return jax.make_array_from_callback(shape, self.sharded, local)
+    return {k: placed(v) for k, v in host_batch.items()}
 
   def put_state(self, host_state):
     """Numpy leaves are split by their shardings; jax.Arrays already placed so (a checkpoint read into
@@ -219,6 +247,14 @@ def _whole(x: jax.Array) -> np.ndarray:
   if x.is_fully_replicated:
     return np.asarray(x.addressable_data(0))
   return np.asarray(x) if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+
+
+def sum_over_processes(sums: dict) -> dict:
+  """Host-side sums (numpy scalars or arrays) added up over all processes, each having summed its own rows of
+  a batch; every process must call it at the same point. With one process, the sums themselves."""
+  if jax.process_count() == 1 or not sums:
+    return sums
+  return jax.tree_util.tree_map(lambda x: np.sum(x, axis=0), multihost_utils.process_allgather(sums))
 
 
 PLACEMENTS = {'pmap': PmapPlacement, 'mesh': MeshPlacement}

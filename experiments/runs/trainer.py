@@ -118,10 +118,12 @@ def _train(experiment, runs: Runs, task, model, placement, replicas, wrap_train_
 
   last_evaluation = evaluate_now(step) if runs.final_evaluation_pending else [{} for _ in replicas.seeds]
   stop.check()  # nothing trained yet in this process: a stop here has nothing to save
+  rows = placement.host_rows(train.batch_size)
   with _Progress(step, train.steps, task.headline_metric) as progress:
     while step < train.steps and runs.any_active:
-      batches = [task.batch(seed, step, 'train', train.batch_size) for seed in replicas.seeds]
-      state, step_metrics = train_step(state, placement.put_batch(replicas.join(batches)), replicas.seed_argument())
+      batches = [task.batch_rows(seed, step, 'train', train.batch_size, rows) for seed in replicas.seeds]
+      state, step_metrics = train_step(state, placement.put_batch(replicas.join(batches), train.batch_size),
+                                       replicas.seed_argument())
       step += 1
       host_metrics = replicas.split(placement.to_host(step_metrics))
       progress.update(step, runs.record_step(step, [task.summarize(m) for m in host_metrics], host_metrics, batches,

@@ -72,6 +72,13 @@ class Task(abc.ABC):
   def batch(self, seed: int, step: int, split: str, batch_size: int, length: int | None = None) -> dict:
     """Training batches mix lengths up to max_length (length=None); evaluation fixes the length."""
 
+  def batch_rows(self, seed: int, step: int, split: str, batch_size: int, rows: slice,
+                 length: int | None = None) -> dict:
+    """Rows `rows` of batch(seed, step, split, batch_size, length): the part of a global batch one process
+    feeds its devices (experiments/runs/parallel.py, host_rows). This default makes the whole batch and
+    slices it; a task that reads its data from disk overrides it to read those rows only."""
+    return {name: array[rows] for name, array in self.batch(seed, step, split, batch_size, length).items()}
+
   @property
   def model_fields(self) -> dict:
     """ModelConfig fields the task decides (e.g. num_outputs, input_features)."""

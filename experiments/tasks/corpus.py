@@ -99,16 +99,22 @@ class Corpus(Task):
     return self.corpus.tokens(SPLIT_FILES[split])
 
   def batch(self, seed, step, split, batch_size, length=None):
+    return self.batch_rows(seed, step, split, batch_size, slice(0, batch_size), length)
+
+  def batch_rows(self, seed, step, split, batch_size, rows, length=None):
+    """Reads the windows of `rows` only: every row's start is drawn, as for the whole batch, then sliced."""
     tokens = self.stream(split)
     length = length or self.settings.max_length
     starts = batch_rng(seed, split, step, length).integers(0, len(tokens) - length + 1, size=batch_size)
-    targets = np.stack([tokens[start:start + length] for start in starts]).astype(np.int32)
-    inputs = np.concatenate([np.full((batch_size, 1), self.bos, np.int32), targets[:, :-1]], axis=1)
-    weights = np.ones((batch_size, length), np.float32)
+    row_indices = range(batch_size)[rows]
+    targets = np.stack([tokens[start:start + length] for start in starts[rows]]).astype(np.int32)
+    count = len(row_indices)
+    inputs = np.concatenate([np.full((count, 1), self.bos, np.int32), targets[:, :-1]], axis=1)
+    weights = np.ones((count, length), np.float32)
     weights[:, 0] = 0.0  # the first target has EOD alone before it, which every window starts with
-    batch = dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((batch_size, length), bool))
+    batch = dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((count, length), bool))
     if split == 'train' and (self.settings.passkey_fraction or self.settings.needle_fraction):
-      batch = retrieval_rows.mix_into(batch, self.settings, passkey.codec_for(self), tokens, seed, step)
+      batch = retrieval_rows.mix_into(batch, self.settings, passkey.codec_for(self), tokens, seed, step, row_indices)
     return dict(batch, **self.packed_rows(batch['inputs']))
 
   def packed_rows(self, inputs_BxL: np.ndarray) -> dict:

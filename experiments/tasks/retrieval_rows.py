@@ -11,12 +11,15 @@ import numpy as np
 from experiments.tasks import needles, passkey
 
 
-def mix_into(batch: dict, settings, codec: passkey.Codec, stream: np.ndarray, seed: int, step: int) -> dict:
+def mix_into(batch: dict, settings, codec: passkey.Codec, stream: np.ndarray, seed: int, step: int,
+             row_indices=None) -> dict:
   """The batch with rows replaced as the task's settings ask, each by a row of the same length: inputs
-  BOS + row[:-1], targets row (weights and masks kept)."""
+  BOS + row[:-1], targets row (weights and masks kept). row_indices: each row's index in the whole batch
+  (a process's part of it, Task.batch_rows); by default 0, 1, ..."""
   inputs, targets = batch['inputs'].copy(), batch['targets'].copy()
   length = targets.shape[1]
-  for row in range(len(targets)):
+  row_indices = range(len(targets)) if row_indices is None else row_indices
+  for index, row in enumerate(row_indices):
     draw = np.random.default_rng([seed, step, row, 4]).uniform()
     if draw < settings.passkey_fraction:
       tokens = passkey.training_row(codec, stream, length, seed, step, row)
@@ -24,7 +27,7 @@ def mix_into(batch: dict, settings, codec: passkey.Codec, stream: np.ndarray, se
       tokens = needles.training_row(codec, stream, length, settings.needles, seed, step, row)
     else:
       continue
-    inputs[row], targets[row] = tokens[:-1], tokens[1:]
+    inputs[index], targets[index] = tokens[:-1], tokens[1:]
   return dict(batch, inputs=inputs, targets=targets)
 
 
