@@ -14,10 +14,11 @@ from tests.helpers import bidirectional, init, random_positions, tiny, tokens
 CHUNKS = (2, 1, 1, 3)  # a prompt of two tokens at once, then single tokens, then three at once
 
 
-def _fed_in_chunks(run, cache, target_BxL):
+def _fed_in_chunks(run, cache, *arrays_BxL):
+  """run(cache, *chunk_of_each_array) over CHUNKS: the logits of every chunk, concatenated."""
   logits, start = [], 0
   for size in CHUNKS:
-    step_logits, cache = run(cache, target_BxL[:, start:start + size])
+    step_logits, cache = run(cache, *(array[:, start:start + size] for array in arrays_BxL))
     logits.append(step_logits)
     start += size
   return jnp.concatenate(logits, axis=1)
@@ -29,7 +30,9 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   """Encoder-decoder with source padding (post-LN) and decoder-only (pre-LN), both with causal
   attention in blocks of 4 (the capacity, 7, spans two; the decoder-only model also over key blocks
   of 4, so its cached steps run blockwise), fed in chunks of 2, 1, 1 and 3 tokens. A causal-only
-  variant has no encoder-decoder: decoder-only alone."""
+  variant has no encoder-decoder: decoder-only alone. The decoder-only model also decodes a packed row,
+  documents of 3, 2 and 2 tokens (positions restarting in each; the last chunk straddles a boundary), against
+  its whole packed forward pass: all but CoPE, which refuses packed rows."""
   length = sum(CHUNKS)
   source, target = tokens(2, 5, seed=1), tokens(2, length, seed=2)
   if bidirectional(kind):
@@ -45,14 +48,26 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   decoder_only = T.DecoderOnly(tiny(kind, attention_block_size=4, attention_key_block_size=4))
   params = random_positions(init(decoder_only, target))
 
-  def run_decoder_only(cache, tokens_BxLn):
+  def run_decoder_only(cache, tokens_BxLn, **packed):
     variables = params if cache is None else {**params, 'cache': cache}
-    logits, updated = decoder_only.apply(variables, tokens_BxLn, use_cache=True, mutable=['cache'])
+    logits, updated = decoder_only.apply(variables, tokens_BxLn, use_cache=True, mutable=['cache'], **packed)
     return logits, updated['cache']
 
   _, cache = run_decoder_only(None, jnp.zeros_like(target))
   np.testing.assert_allclose(_fed_in_chunks(run_decoder_only, cache, target), decoder_only.apply(params, target),
                              atol=2e-5, rtol=1e-5)
+  if kind == 'cope':
+    return
+  positions = jnp.asarray([[0, 1, 2, 0, 1, 0, 1]] * 2, jnp.int32)
+  segments = jnp.asarray([[0, 0, 0, 1, 1, 2, 2]] * 2, jnp.int32)
+  whole_packed = decoder_only.apply(params, target, positions_BxL=positions, segments_BxL=segments)
+  _, cache = run_decoder_only(None, jnp.zeros_like(target), positions_BxL=jnp.zeros_like(positions),
+                              segments_BxL=jnp.zeros_like(segments))
+  run_packed = lambda cache, *chunks: run_decoder_only(cache, chunks[0], positions_BxL=chunks[1],
+                                                       segments_BxL=chunks[2])
+  np.testing.assert_allclose(_fed_in_chunks(run_packed, cache, target, positions, segments), whole_packed,
+                             atol=2e-5, rtol=1e-5)
+  assert not np.allclose(whole_packed[:, 3:], decoder_only.apply(params, target)[:, 3:], atol=1e-3)
 
 
 @pytest.mark.slow

@@ -135,21 +135,23 @@ class TransformerStack(nn.Module):
 
     positions_BxL, segments_BxL: several documents packed in a row. Each token's position within its
     document (restarting at 0 in each) and its document's id within the row; a token attends only to
-    tokens of its own document. None: one sequence per row, at positions 0 .. L-1."""
+    tokens of its own document. None: one sequence per row, at positions 0 .. L-1. With use_cache, every
+    call gives the positions and segments of the tokens it feeds, and the cache keeps those of its slots."""
     config = self.config
     chex.assert_rank(x_BxLxD, 3)
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
     packed = positions_BxL is not None or segments_BxL is not None
     if packed:
-      self._check_packed(x_BxLxD, positions_BxL, segments_BxL, use_cache)
+      self._check_packed(x_BxLxD, positions_BxL, segments_BxL)
     else:
       positions_BxL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
     if config.randomized_max_length:
       positions_BxL = self._randomized(length, valid_BxL)
-    key_positions_BxLk, cache_index = positions_BxL, None
+    key_positions_BxLk, cache_index, cached_mask = positions_BxL, None, None
     if use_cache:
-      positions_BxL, key_positions_BxLk, cache_index = self._cached_positions(positions_BxL, valid_BxL)
+      positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._cached_positions(
+          positions_BxL, segments_BxL if packed else None, valid_BxL)
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = batch_split(hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype))  # a float32 table would promote
@@ -163,8 +165,8 @@ class TransformerStack(nn.Module):
       if packed:
         documents = segment_mask(segments_BxL)
         self_mask = documents if self_mask is None else jnp.logical_and(self_mask, documents)
-    else:  # each query sees the slots up to its own position
-      self_mask = (key_positions_BxLk[:, None, :] <= positions_BxL[:, :, None])[:, None]
+    else:
+      self_mask = cached_mask
     memory_mask = None if not self.cross_attention else self._memory_mask(
         memory_BxLsxD, memory_valid_BxLs, key_positions_BxLk.shape[1], None if cache_index is None else self_mask)
     layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
@@ -182,30 +184,41 @@ class TransformerStack(nn.Module):
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
 
-  def _cached_positions(self, positions_BxL, valid_BxL):
-    """(positions_BxL, key_positions_BxLk, cache_index) of a cached call. The first call creates the cache
-    (its capacity is this call's length) and computes as without one: cache_index None. A later call feeds
-    the positions after the cache's index and attends over every slot."""
+  def _cached_positions(self, positions_BxL, segments_BxL, valid_BxL):
+    """(positions_BxL, key_positions_BxLk, cache_index, mask) of a cached call. The first call creates the cache
+    (its capacity is this call's length) and computes as without one: cache_index and mask None. A later call
+    feeds the slots from the cache's index on and attends over every slot up to its own. Unpacked, the tokens
+    are at the positions after the index and the slots at 0 .. capacity - 1; packed (segments_BxL given), the
+    call's positions and segments are written into the slots, and a query sees its own document's slots only."""
     if not self.causal:
       raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
     step = self.has_variable('cache', 'index')
     next_index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
     slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
+    slot_segments = None if segments_BxL is None else self.variable('cache', 'segments', lambda: segments_BxL)
     if not step:
-      return positions_BxL, positions_BxL, None
+      return positions_BxL, positions_BxL, None, None
     if valid_BxL is not None:
       raise ValueError('valid_BxL: padding inside the decoded tokens is not supported with use_cache; '
                        'valid: None')
     cache_index = next_index.value
     length = positions_BxL.shape[1]
+    next_index.value = cache_index + length
+    if slot_segments is not None:
+      slots.value = jax.lax.dynamic_update_slice_in_dim(slots.value, positions_BxL, cache_index, axis=1)
+      slot_segments.value = jax.lax.dynamic_update_slice_in_dim(slot_segments.value, segments_BxL, cache_index, axis=1)
+      capacity = slots.value.shape[1]
+      up_to_own_LqxLk = np.arange(capacity)[None, :] <= (cache_index + np.arange(length))[:, None]
+      same_document_BxLqxLk = slot_segments.value[:, None, :] == segments_BxL[:, :, None]
+      return positions_BxL, slots.value, cache_index, jnp.logical_and(up_to_own_LqxLk, same_document_BxLqxLk)[:, None]
     if self.config.randomized_max_length:  # the positions drawn for the whole capacity by the first call
       positions_BxL = jax.lax.dynamic_slice_in_dim(slots.value, cache_index, length, axis=1)
       key_positions_BxLk = slots.value
     else:
       positions_BxL = cache_index + positions_BxL  # traced: the hooks take their gathering paths
       key_positions_BxLk = np.arange(slots.value.shape[1], dtype=np.int32)[None]
-    next_index.value = cache_index + length
-    return positions_BxL, key_positions_BxLk, cache_index
+    up_to_own_BxLqxLk = key_positions_BxLk[:, None, :] <= positions_BxL[:, :, None]
+    return positions_BxL, key_positions_BxLk, cache_index, up_to_own_BxLqxLk[:, None]
 
   def _memory_mask(self, memory_BxLsxD, memory_valid_BxLs, target_length: int, cached_step_mask):
     """Cross-attention's mask: the source's padding and, with aligned_cross_attention, causal by step over a
@@ -219,15 +232,15 @@ class TransformerStack(nn.Module):
     aligned_mask = causal_mask(target_length) if cached_step_mask is None else cached_step_mask
     return aligned_mask if memory_mask is None else jnp.logical_and(aligned_mask, memory_mask)
 
-  def _check_packed(self, x_BxLxD, positions_BxL, segments_BxL, use_cache: bool) -> None:
+  def _check_packed(self, x_BxLxD, positions_BxL, segments_BxL) -> None:
     if positions_BxL is None or segments_BxL is None:
       raise ValueError('positions_BxL, segments_BxL: packed rows need both (each token\'s position in its document '
                        'and its document\'s id); valid: both arrays, or neither')
     chex.assert_shape([positions_BxL, segments_BxL], x_BxLxD.shape[:2])
     self.config.position.settings.check_packed_rows()
-    if use_cache or self.config.randomized_max_length:
-      raise ValueError('positions_BxL: packed rows are for training and scoring; valid: no positions with use_cache '
-                       'or model.randomized_max_length (which draws its own)')
+    if self.config.randomized_max_length:
+      raise ValueError('positions_BxL: packed rows bring their own positions; valid: no positions with '
+                       'model.randomized_max_length (which draws its own)')
     if self.cross_attention and self.config.aligned_cross_attention:
       raise ValueError('positions_BxL: packed rows are not supported with aligned_cross_attention; valid: None')
 
