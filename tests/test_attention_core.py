@@ -91,7 +91,7 @@ def test_an_explicit_choice_that_can_run_is_taken(requested, needs):
     ('blockwise', _needs(blocks_configured=False), 'attention_block_size is 0'),
     ('blockwise', _needs(caller_weights=True), 'never form'),
     ('pallas', _needs(backend='gpu', kernel_serves=False), 'not one the kernel computes'),   # TUPE, FIRE, ...
-    ('pallas', _needs(backend='gpu', mask_in_parts=False), 'not the causal mask and padding given as such'),
+    ('pallas', _needs(backend='gpu', mask_in_parts=False), 'not the causal mask, padding and documents given as such'),
     ('pallas', _needs(backend='gpu', caller_weights=True), 'never forms'),
     ('pallas', _needs(values_term=True), "Shaw's"),
     ('xla', _needs(softmax=False), 'weights are not a softmax'),

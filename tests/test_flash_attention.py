@@ -135,6 +135,45 @@ def test_a_term_of_per_token_data_equals_dense_attention_and_gets_its_gradients(
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-4, err_msg=name)
 
 
+def test_packed_rows_see_only_their_own_document_as_dense_attention_does():
+  """Rows that pack documents (5, 9, 7 and 12, 9 tokens, the second row's last 3 keys padding): positions
+  restarting in each and segment ids, causal ALiBi in blocks of 8 that straddle the boundaries. Outputs and
+  the gradients of q, k, v and the slopes equal dense attention with the segment mask and the bias of the
+  packed positions; refused when only one side's segments are given."""
+  query, key, value = _inputs(21, 21, jnp.float32)
+  lengths = ((5, 9, 7), (12, 9))
+  positions = jnp.asarray([np.concatenate([np.arange(n) for n in row]) for row in lengths], jnp.int32)
+  segments = jnp.asarray([np.concatenate([np.full(n, i) for i, n in enumerate(row)]) for row in lengths], jnp.int32)
+  key_valid = jnp.asarray(np.arange(21)[None] < np.array([[21], [18]]))
+  parameters, term, dense = _term_and_dense_bias('alibi', causal=True)
+
+  def kernel_loss(query, key, value, parameters):
+    return jnp.sum(jnp.sin(flash_attention(
+        query, key, value, causal=True, key_valid_BxLk=key_valid, q_positions_BxLq=positions,
+        k_positions_BxLk=positions, q_segments_BxLq=segments, k_segments_BxLk=segments, term=term(parameters),
+        block_q=8, block_k=8)))
+
+  def dense_loss(query, key, value, parameters):
+    bias = jnp.concatenate([dense(parameters, row, row) for row in positions])
+    same_document = segments[:, None, :, None] == segments[:, None, None, :]
+    mask = same_document & key_valid[:, None, None, :] & (jnp.arange(21)[None, :] <= jnp.arange(21)[:, None])
+    return jnp.sum(jnp.sin(scaled_dot_product_attention(query, key, value, mask=mask, bias=bias)))
+
+  arguments = (query, key, value, parameters)
+  kernel_value, kernel_grads = jax.jit(jax.value_and_grad(kernel_loss, argnums=(0, 1, 2, 3)))(*arguments)
+  dense_value, dense_grads = jax.jit(jax.value_and_grad(dense_loss, argnums=(0, 1, 2, 3)))(*arguments)
+  np.testing.assert_allclose(kernel_value, dense_value, rtol=1e-5)
+  for name, got, expected in zip(('query', 'key', 'value', 'parameters'), kernel_grads, dense_grads):
+    scale = max(1.0, float(jnp.max(jnp.abs(expected))))
+    np.testing.assert_allclose(got, expected, atol=1e-5 * scale, rtol=1e-5, err_msg=name)
+  unpacked = flash_attention(query, key, value, causal=True, key_valid_BxLk=key_valid, term=term(parameters))
+  assert not np.allclose(unpacked[:, 5:], flash_attention(
+      query, key, value, causal=True, key_valid_BxLk=key_valid, q_positions_BxLq=positions, k_positions_BxLk=positions,
+      q_segments_BxLq=segments, k_segments_BxLk=segments, term=term(parameters))[:, 5:], atol=1e-3)
+  with pytest.raises(ValueError, match='q_segments_BxLq, k_segments_BxLk: .* valid: both or neither'):
+    flash_attention(query, key, value, q_segments_BxLq=segments)
+
+
 def test_per_token_data_comes_for_queries_and_keys_together():
   query, key, value = _inputs(4, 4, jnp.float32)
   term = KernelTerm(fox.fox_kernel_bias, jnp.zeros((HEADS, 1)), q_data_BxHxLq=jnp.zeros((2, HEADS, 4)))

@@ -58,6 +58,38 @@ def test_a_decoder_with_the_kernel_gives_the_explicit_logits_and_gradients(kind)
   _assert_gradients_close(kernel_grads, explicit_grads)
 
 
+@pytest.mark.parametrize('kind', ['alibi', pytest.param('fox', marks=pytest.mark.slow),
+                                  pytest.param('t5', marks=pytest.mark.slow)])
+def test_packed_rows_through_the_kernel_give_the_explicit_logits_and_gradients(kind):
+  """Documents of 3, 5 and 3 tokens packed in a row of 11 (positions restarting, segment ids), blocks of 4
+  that straddle them, padding at the end of the second row: the kernel takes the documents as a part of
+  the mask and gives the explicit core's logits and gradients; so does XLA's fused core, which takes the
+  whole mask."""
+  inputs = tokens(2, 11)
+  valid = jnp.asarray(np.arange(11)[None] < np.array([[11], [9]]))
+  positions = jnp.asarray([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2]] * 2, jnp.int32)
+  segments = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2]] * 2, jnp.int32)
+  explicit = T.DecoderOnly(tiny(kind, attention_implementation='explicit', num_decoder_layers=1))
+  kernel = T.DecoderOnly(tiny(kind, attention_implementation='pallas', attention_block_size=4, num_decoder_layers=1))
+  params = random_positions(init(explicit, inputs))
+
+  def loss(model):
+    def packed_loss(params):
+      logits = model.apply(params, inputs, valid_BxL=valid, positions_BxL=positions, segments_BxL=segments)
+      return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, inputs) * valid), logits
+    return jax.jit(jax.value_and_grad(packed_loss, has_aux=True))(params)
+
+  (_, explicit_logits), explicit_grads = loss(explicit)
+  (_, kernel_logits), kernel_grads = loss(kernel)
+  np.testing.assert_allclose(kernel_logits, explicit_logits, atol=2e-5, rtol=1e-5)
+  _assert_gradients_close(kernel_grads, explicit_grads)
+  xla = T.DecoderOnly(tiny(kind, attention_implementation='xla', num_decoder_layers=1))
+  np.testing.assert_allclose(jax.jit(xla.apply)(params, inputs, valid_BxL=valid, positions_BxL=positions,
+                                                segments_BxL=segments), explicit_logits, atol=2e-5, rtol=1e-5)
+  unpacked = explicit.apply(params, inputs, valid_BxL=valid)
+  assert not np.allclose(unpacked[:, 3:], explicit_logits[:, 3:], atol=1e-3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('kind', ['t5', 'alibi', 'rope'])
 def test_an_encoder_decoder_with_the_kernel_gives_the_explicit_logits(kind):
@@ -97,7 +129,7 @@ def test_a_cached_decoding_step_is_refused_by_the_kernel():
   model = T.DecoderOnly(tiny('alibi', attention_implementation='pallas'))
   params = init(model, tokens(1, 6))
   _, cache = model.apply(params, tokens(1, 6), use_cache=True, mutable=['cache'])
-  with pytest.raises(ValueError, match='the mask is not the causal mask and padding given as such'):
+  with pytest.raises(ValueError, match='the mask is not the causal mask, padding and documents given as such'):
     model.apply({**params, **cache}, tokens(1, 1), use_cache=True, mutable=['cache'])
 
 

@@ -64,7 +64,7 @@ class CallNeeds:
   blocks_configured: bool      # model.attention_block_size > 0
   blocks_pay: bool             # blocks would skip work or bound memory here (causal or key blocks, long)
   kernel_serves: bool = False  # the variant adds no term, or one a kernel computes inside (kernel_term)
-  mask_in_parts: bool = False  # the mask is None, or the causal mask and the keys' padding given as such
+  mask_in_parts: bool = False  # the mask is None, or the causal mask, the keys' padding and documents given as such
   softmax: bool = True         # the weights are a softmax of the logits (not the variant's WeightsRule)
 
 
@@ -92,7 +92,8 @@ def _runs(choice: str, needs: CallNeeds) -> Optional[str]:
     if not needs.kernel_serves:
       return 'the positional variant\'s term is not one the kernel computes from positions and head (kernel_term)'
     if not needs.mask_in_parts:
-      return 'the mask is not the causal mask and padding given as such (a cached decoding step\'s, or another)'
+      return ('the mask is not the causal mask, padding and documents given as such (a cached decoding step\'s, or '
+              'another)')
     return None
   if choice == 'cudnn':
     if needs.backend != 'gpu':
@@ -170,7 +171,7 @@ def _fused(implementation: str):
     return AttentionResult(fused_attention(
         request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, mask=mask.mask, bias=request.logits_term,
         scale=request.scale, implementation=implementation,
-        mask_parts=(mask.causal, mask.key_valid_BxLk) if mask.in_parts else None))
+        mask_parts=(mask.causal, mask.key_valid_BxLk) if mask.in_parts and mask.segments_BxL is None else None))
   core.__doc__ = f'jax.nn.dot_product_attention(implementation={implementation!r}), the mask as its parts.'
   return core
 
@@ -181,6 +182,8 @@ def pallas(request: AttentionRequest, settings: CoreSettings) -> AttentionResult
   return AttentionResult(flash_attention(
       request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV,
       causal=mask.causal and mask.in_parts, key_valid_BxLk=mask.key_valid_BxLk if mask.in_parts else None,
+      q_segments_BxLq=mask.segments_BxL if mask.in_parts else None,
+      k_segments_BxLk=mask.segments_BxL if mask.in_parts else None,
       q_positions_BxLq=None if positions is None else positions.q_positions_BxLq,
       k_positions_BxLk=None if positions is None else positions.k_positions_BxLk,
       term=None if positions is None else positions.hooks.kernel_term(positions.kernel_shared, positions.shared),

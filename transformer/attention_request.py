@@ -21,14 +21,18 @@ class AttentionMask:
   mask: True = attend, broadcastable to B x H x Lq x Lk; None: every key.
   causal: the mask is causal and queries and keys are the same positions, so keys after a block of
     queries may be skipped without being computed.
-  in_parts: the mask is exactly the causal mask (if causal) and key_valid_BxLk (if given), so a core
-    may take those parts instead of the mask (is_causal and sequence lengths, or a kernel's own test).
+  in_parts: the mask is exactly the causal mask (if causal), key_valid_BxLk (if given) and the same-document
+    mask of segments_BxL (if given), so a core may take those parts instead of the mask (is_causal and
+    sequence lengths, or a kernel's own test).
   key_valid_BxLk: True for real keys, False for padding; None: every key is real.
+  segments_BxL: rows that pack several documents (queries and keys the same tokens): each token's document,
+    a query seeing only its own document's keys; None: one document per row.
   """
   mask: Optional[chex.Array] = None
   causal: bool = False
   in_parts: bool = False
   key_valid_BxLk: Optional[chex.Array] = None
+  segments_BxL: Optional[chex.Array] = None
 
   @property
   def given_as_parts(self) -> bool:

@@ -59,16 +59,16 @@ class TransformerLayer(nn.Module):
   has_cls: bool = False
   deterministic: bool = True  # no dropout (an attribute, not an argument: nn.remat traces every argument)
   layer_index: int = 0  # this layer's place in its stack (0 first), for its position hooks
-  packed: bool = False  # rows hold several documents: the self-attention mask is not only causal and padding
 
   @nn.compact
   def __call__(self, x_BxLxD, *, self_mask, positions_BxL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
                key_positions_BxLk=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
-               memory_valid_BxLs=None, kernel_shared: Shared = None):
+               memory_valid_BxLs=None, kernel_shared: Shared = None, segments_BxL=None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
-    valid_BxL, memory_valid_BxLs: the padding the masks were built from, which a kernel takes as such
-    (AttentionMask's parts); kernel_shared: the stack's, for the kernel's position terms.
+    valid_BxL, memory_valid_BxLs, segments_BxL: the padding and the packed rows' documents the masks were built
+    from, which a kernel takes as such (AttentionMask's parts); kernel_shared: the stack's, for the kernel's
+    position terms.
     key_positions_BxLk: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
     MultiHeadAttention's."""
@@ -83,10 +83,10 @@ class TransformerLayer(nn.Module):
                                         config.attention_key_block_size, config.attention_implementation,
                                         name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared)
-    # A cached step's mask is explicit (its keys are the cache's slots), and a packed row's keeps documents
-    # apart: neither is the causal mask and padding alone.
-    self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None and not self.packed,
-                                        key_valid_BxLk=valid_BxL if cache_index is None else None)
+    # A cached step's mask is explicit: its keys are the cache's slots.
+    self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
+                                        key_valid_BxLk=valid_BxL if cache_index is None else None,
+                                        segments_BxL=segments_BxL if cache_index is None else None)
     x_BxLxD = _Residual(config, name='self_attention_residual')(
         x_BxLxD, lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
                                           deterministic=deterministic, **cache), deterministic)
@@ -173,10 +173,11 @@ class TransformerStack(nn.Module):
         TransformerLayer, policy=REMAT_SAVES[config.remat])
     cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
                                                 cache_index=cache_index)
-    mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared)
+    mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared,
+                        segments_BxL=segments_BxL if packed else None)
     for index in range(self.num_layers):
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
-                         deterministic=deterministic, layer_index=index, packed=packed, name=f'layer_{index}')
+                         deterministic=deterministic, layer_index=index, name=f'layer_{index}')
       x_BxLxD = batch_split(layer(x_BxLxD, self_mask=self_mask, positions_BxL=positions_BxL, shared=shared,
                                   memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources))
     if config.norm == 'pre':

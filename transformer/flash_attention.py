@@ -2,7 +2,8 @@
 
   out_i = sum_j softmax_j(q_i . k_j * scale + t_h(p_i, p_j)) v_j
 
-over the keys j that query i may see (the causal mask j <= i + Lk - Lq, the keys' padding), computed
+over the keys j that query i may see (the causal mask j <= i + Lk - Lq, the keys' padding, and in rows that
+pack several documents the keys of i's own document), computed
 block by block: bq queries at a time, looping over blocks of bk keys with an online softmax
 (FlashAttention, Dao et al. 2022), so neither the weights nor the position term ever exists at
 B x H x Lq x Lk. The term t_h is a KernelTerm: a function of one head's few parameters and the
@@ -87,13 +88,14 @@ def _term(static: _Static, parameters, q_positions_bqx1, k_positions_1xbk, q_dat
   return static.function(parameters, q_positions_bqx1, k_positions_1xbk)
 
 
-def _logits(static: _Static, parameters, q_block, k_block, q_positions_bqx1, k_positions_1xbk, k_valid_1xbk,
-            q_index_bqx1, k_index_1xbk, q_data_bqx1, k_data_1xbk):
-  """Scaled logits with the term, the mask of the keys each query may see, both bq x bk."""
+def _logits(static: _Static, parameters, q_block, k_block, q_positions_bqx1, k_positions_1xbk, q_segments_bqx1,
+            k_segments_1xbk, q_index_bqx1, k_index_1xbk, q_data_bqx1, k_data_1xbk):
+  """Scaled logits with the term, the mask of the keys each query may see (its own document's real keys:
+  a padding key's segment is -1), both bq x bk."""
   logits = _dot(q_block, k_block, 1, 1) * static.scale
   if static.function is not None:
     logits = logits + _term(static, parameters, q_positions_bqx1, k_positions_1xbk, q_data_bqx1, k_data_1xbk)
-  allowed = k_valid_1xbk > 0
+  allowed = k_segments_1xbk == q_segments_bqx1
   if static.causal:
     allowed = jnp.logical_and(allowed, k_index_1xbk <= q_index_bqx1 + static.causal_offset)
   return jnp.where(allowed, logits, MASKED), allowed
@@ -114,13 +116,13 @@ def _first_query_block_seeing(static: _Static, key_block):
   return jax.lax.div(first_query, static.block_q)
 
 
-def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, k_positions_ref, k_valid_ref, params_ref,
-                    q_data_ref, k_data_ref, out_ref, logsumexp_ref):
+def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, q_segments_ref, k_positions_ref,
+                    k_segments_ref, params_ref, q_data_ref, k_data_ref, out_ref, logsumexp_ref):
   block_q, block_k = static.block_q, static.block_k
   query_block = pl.program_id(2)
   num_key_blocks = k_ref.shape[0] // block_k
   q_block = q_ref[...]
-  q_positions, q_data = q_positions_ref[...], q_data_ref[...]
+  q_positions, q_segments, q_data = q_positions_ref[...], q_segments_ref[...], q_data_ref[...]
   q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
   parameters = _parameters(params_ref, static)
 
@@ -129,7 +131,7 @@ def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, k_pos
     keys = pl.ds(key_block * block_k, block_k)
     k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
     logits, allowed = _logits(static, parameters, q_block, k_ref[keys, :], q_positions, k_positions_ref[:, keys],
-                              k_valid_ref[:, keys], q_index, k_index, q_data, k_data_ref[:, keys])
+                              q_segments, k_segments_ref[:, keys], q_index, k_index, q_data, k_data_ref[:, keys])
     new_max = jnp.maximum(running_max, jnp.max(logits, axis=1, keepdims=True))
     weights = jnp.where(allowed, jnp.exp(logits - new_max), 0.0)
     correction = jnp.exp(running_max - new_max)
@@ -155,10 +157,10 @@ def _term_vjp(static: _Static, parameters, q_positions, k_positions, q_data, k_d
 
 
 def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_out_block, logsumexp, delta,
-                     q_positions, k_positions, k_valid, q_index, k_index, q_data, k_data):
+                     q_positions, k_positions, q_segments, k_segments, q_index, k_index, q_data, k_data):
   """The weights P and the logits' gradient dS = P (dO V^T - delta) of one query block against one key block."""
-  logits, allowed = _logits(static, parameters, q_block, k_block, q_positions, k_positions, k_valid, q_index,
-                            k_index, q_data, k_data)
+  logits, allowed = _logits(static, parameters, q_block, k_block, q_positions, k_positions, q_segments, k_segments,
+                            q_index, k_index, q_data, k_data)
   weights = jnp.where(allowed, jnp.exp(logits - logsumexp), 0.0)
   d_weights = _dot(d_out_block, v_block, 1, 1)
   d_logits = weights * (d_weights - delta)
@@ -166,15 +168,15 @@ def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_o
 
 
 def _key_values_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref, delta_ref, q_positions_ref,
-                       k_positions_ref, k_valid_ref, params_ref, q_data_ref, k_data_ref, d_k_ref, d_v_ref, d_params_ref,
-                       d_k_data_ref):
+                       q_segments_ref, k_positions_ref, k_segments_ref, params_ref, q_data_ref, k_data_ref, d_k_ref,
+                       d_v_ref, d_params_ref, d_k_data_ref):
   """dK, dV, the term's parameter gradient and the keys' data gradient for one block of keys, over the query
   blocks that see it."""
   block_q, block_k = static.block_q, static.block_k
   key_block = pl.program_id(2)
   num_query_blocks = q_ref.shape[0] // block_q
   k_block, v_block = k_ref[...], v_ref[...]
-  k_positions, k_valid, k_data = k_positions_ref[...], k_valid_ref[...], k_data_ref[...]
+  k_positions, k_segments, k_data = k_positions_ref[...], k_segments_ref[...], k_data_ref[...]
   k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
   parameters = _parameters(params_ref, static)
 
@@ -186,7 +188,7 @@ def _key_values_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumex
     q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
     weights, d_logits = _block_gradients(static, parameters, q_block, k_block, v_block, d_out_block,
                                          logsumexp_ref[queries, :], delta_ref[queries, :], q_positions, k_positions,
-                                         k_valid, q_index, k_index, q_data, k_data)
+                                         q_segments_ref[queries, :], k_segments, q_index, k_index, q_data, k_data)
     d_v = d_v + _dot(weights.astype(d_out_block.dtype), d_out_block, 0, 0)
     d_k = d_k + _dot(d_logits.astype(q_block.dtype), q_block, 0, 0) * static.scale
     if static.function is not None:
@@ -207,14 +209,15 @@ def _key_values_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumex
 
 
 def _query_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref, delta_ref, q_positions_ref,
-                  k_positions_ref, k_valid_ref, params_ref, q_data_ref, k_data_ref, d_q_ref, d_q_data_ref):
+                  q_segments_ref, k_positions_ref, k_segments_ref, params_ref, q_data_ref, k_data_ref, d_q_ref,
+                  d_q_data_ref):
   """dQ and the queries' data gradient for one block of queries, over the key blocks it sees."""
   block_q, block_k = static.block_q, static.block_k
   query_block = pl.program_id(2)
   num_key_blocks = k_ref.shape[0] // block_k
   q_block, d_out_block = q_ref[...], d_out_ref[...]
   logsumexp, delta, q_positions = logsumexp_ref[...], delta_ref[...], q_positions_ref[...]
-  q_data = q_data_ref[...]
+  q_segments, q_data = q_segments_ref[...], q_data_ref[...]
   q_index = query_block * block_q + jax.lax.broadcasted_iota(jnp.int32, (block_q, 1), 0)
   parameters = _parameters(params_ref, static)
 
@@ -224,8 +227,8 @@ def _query_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref
     k_block, k_positions, k_data = k_ref[keys, :], k_positions_ref[:, keys], k_data_ref[:, keys]
     k_index = key_block * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
     _, d_logits = _block_gradients(static, parameters, q_block, k_block, v_ref[keys, :], d_out_block, logsumexp,
-                                   delta, q_positions, k_positions, k_valid_ref[:, keys], q_index, k_index, q_data,
-                                   k_data)
+                                   delta, q_positions, k_positions, q_segments, k_segments_ref[:, keys], q_index,
+                                   k_index, q_data, k_data)
     if static.uses_data:
       d_q_data = d_q_data + _term_vjp(static, parameters, q_positions, k_positions, q_data, k_data, d_logits)[1]
     return d_q + _dot(d_logits.astype(k_block.dtype), k_block, 1, 0) * static.scale, d_q_data
@@ -272,8 +275,9 @@ def _key_columns(block: int):
 
 def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, value_dim: int, num_parameters: int,
                   by: str):
-  """Specs for q, k, v, the query positions, a line of keys (positions, validity), the parameters, and the
-  queries' and keys' data: one block of the axis the grid walks (by='query' or 'key'), the whole of the other."""
+  """Specs for q, k, v, the queries' positions (and segments), a line of keys (positions, segments), the
+  parameters, and the queries' and keys' data: one block of the axis the grid walks (by='query' or 'key'), the
+  whole of the other."""
   q_rows = _rows(static.block_q, head_dim) if by == 'query' else _whole(length_q, head_dim)
   k_rows = _rows(static.block_k, head_dim) if by == 'key' else _whole(length_k, head_dim)
   v_rows = _rows(static.block_k, value_dim) if by == 'key' else _whole(length_k, value_dim)
@@ -292,29 +296,30 @@ def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, 
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(static: _Static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
-           k_valid_Bx1xLk, params_Hx1xA, q_data_BxHxLqx1, k_data_BxHx1xLk):
-  return _flash_forward(static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, k_positions_Bx1xLk,
-                        k_valid_Bx1xLk, params_Hx1xA, q_data_BxHxLqx1, k_data_BxHx1xLk)[0]
+def _flash(static: _Static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, q_segments_BxLqx1,
+           k_positions_Bx1xLk, k_segments_Bx1xLk, params_Hx1xA, q_data_BxHxLqx1, k_data_BxHx1xLk):
+  return _flash_forward(static, q_BxHxLqxK, k_BxHxLkxK, v_BxHxLkxV, q_positions_BxLqx1, q_segments_BxLqx1,
+                        k_positions_Bx1xLk, k_segments_Bx1xLk, params_Hx1xA, q_data_BxHxLqx1, k_data_BxHx1xLk)[0]
 
 
-def _flash_forward(static: _Static, q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data):
+def _flash_forward(static: _Static, q, k, v, q_positions, q_segments, k_positions, k_segments, params, q_data,
+                   k_data):
   batch, heads, length_q, head_dim = q.shape
   length_k, value_dim = k.shape[2], v.shape[3]
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, params.shape[-1], 'query')
   forward = _call(
       _forward_kernel, static, (batch, heads, length_q // static.block_q),
-      [q_rows, k_rows, v_rows, q_pos_spec, k_line, k_line, params_spec, q_data_spec, k_data_spec],
+      [q_rows, k_rows, v_rows, q_pos_spec, q_pos_spec, k_line, k_line, params_spec, q_data_spec, k_data_spec],
       [_rows(static.block_q, value_dim), _rows(static.block_q, 1)],
       [jax.ShapeDtypeStruct((batch, heads, length_q, value_dim), q.dtype),
        jax.ShapeDtypeStruct((batch, heads, length_q, 1), jnp.float32)])
-  out, logsumexp = forward(q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data)
-  return out, (q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data, out, logsumexp)
+  out, logsumexp = forward(q, k, v, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data)
+  return out, (q, k, v, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data, out, logsumexp)
 
 
 def _flash_backward(static: _Static, residuals, d_out):
-  q, k, v, q_positions, k_positions, k_valid, params, q_data, k_data, out, logsumexp = residuals
+  q, k, v, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data, out, logsumexp = residuals
   batch, heads, length_q, head_dim = q.shape
   length_k, value_dim = k.shape[2], v.shape[3]
   num_parameters = params.shape[-1]
@@ -326,7 +331,7 @@ def _flash_backward(static: _Static, residuals, d_out):
   q_stats = _whole(length_q, 1)
   key_values = _call(
       _key_values_kernel, static, (batch, heads, num_key_blocks),
-      [q_rows, k_rows, v_rows, _whole(length_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
+      [q_rows, k_rows, v_rows, _whole(length_q, value_dim), q_stats, q_stats, q_pos_spec, q_pos_spec, k_line, k_line,
        params_spec, q_data_spec, k_data_spec],
       [_rows(static.block_k, head_dim), _rows(static.block_k, value_dim),
        pl.BlockSpec((None, None, None, 1, num_parameters), lambda b, h, i: (b, h, i, 0, 0)),
@@ -334,21 +339,21 @@ def _flash_backward(static: _Static, residuals, d_out):
       [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
        jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32),
        jax.ShapeDtypeStruct(k_data.shape, jnp.float32)])
-  inputs = (q, k, v, d_out, logsumexp, delta, q_positions, k_positions, k_valid, params, q_data, k_data)
+  inputs = (q, k, v, d_out, logsumexp, delta, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data)
   d_k, d_v, d_params, d_k_data = key_values(*inputs)
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
       static, length_q, length_k, head_dim, value_dim, num_parameters, 'query')
   q_stats = _rows(static.block_q, 1)
   queries = _call(
       _query_kernel, static, (batch, heads, length_q // static.block_q),
-      [q_rows, k_rows, v_rows, _rows(static.block_q, value_dim), q_stats, q_stats, q_pos_spec, k_line, k_line,
-       params_spec, q_data_spec, k_data_spec],
+      [q_rows, k_rows, v_rows, _rows(static.block_q, value_dim), q_stats, q_stats, q_pos_spec, q_pos_spec, k_line,
+       k_line, params_spec, q_data_spec, k_data_spec],
       [_rows(static.block_q, head_dim), _rows(static.block_q, 1)],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q_data.shape, jnp.float32)])
   d_q, d_q_data = queries(*inputs)
   d_params_Hx1xA = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
-  return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(k_positions), jnp.zeros_like(k_valid),
-          d_params_Hx1xA, d_q_data.astype(q_data.dtype), d_k_data.astype(k_data.dtype))
+  return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(q_segments), jnp.zeros_like(k_positions),
+          jnp.zeros_like(k_segments), d_params_Hx1xA, d_q_data.astype(q_data.dtype), d_k_data.astype(k_data.dtype))
 
 
 _flash.defvjp(_flash_forward, _flash_backward)
@@ -376,13 +381,16 @@ def _term_parameters(term: Optional[KernelTerm], heads: int) -> tuple[chex.Array
 def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_BxLkxHxV: chex.Array, *,
                     causal: bool = False, key_valid_BxLk: Optional[chex.Array] = None,
                     q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
+                    q_segments_BxLq: Optional[chex.Array] = None, k_segments_BxLk: Optional[chex.Array] = None,
                     term: Optional[KernelTerm] = None, scale: Optional[float] = None, block_q: int = 128,
                     block_k: int = 128, platform: str = 'interpret') -> chex.Array:
   """softmax(Q K^T scale + t(positions)) V in blocks, B x Lq x H x V (the layout of the other cores).
 
   causal: query i sees keys j <= i + Lk - Lq. key_valid_BxLk: True for real keys (padding False).
-  Positions default to 0..L-1 (B may be 1). A row that sees no key gives zeros. Lengths are padded
-  to whole blocks and the head width to a power of two (Triton's blocks), and cut back after."""
+  Positions default to 0..L-1 (B may be 1). Segments (non-negative document ids, given together; None:
+  one document): a query sees only the keys of its own document, as in rows that pack several. A row
+  that sees no key gives zeros. Lengths are padded to whole blocks and the head width to a power of two
+  (Triton's blocks), and cut back after."""
   if platform not in PLATFORMS:
     raise ValueError(f'platform: got {platform!r}; valid: {", ".join(PLATFORMS)}')
   chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, value_BxLkxHxV], 4)
@@ -404,8 +412,19 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
     chex.assert_shape(given, (None, length))
     return _pad_to(jnp.broadcast_to(given, (batch, length)).astype(jnp.float32), 1, padded)
 
-  key_valid = jnp.ones((batch, length_k), jnp.float32) if key_valid_BxLk is None else (
-      jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(jnp.float32))
+  if (q_segments_BxLq is None) != (k_segments_BxLk is None):
+    raise ValueError('q_segments_BxLq, k_segments_BxLk: the queries\' and the keys\' documents come together; '
+                     'valid: both or neither')
+
+  def segments(given, length, padded):  # B x L' float32; 0 (one document) when not given
+    given = jnp.zeros((1, length), jnp.int32) if given is None else jnp.asarray(given)
+    chex.assert_shape(given, (None, length))
+    return _pad_to(jnp.broadcast_to(given, (batch, length)).astype(jnp.float32), 1, padded)
+
+  key_valid = jnp.ones((batch, length_k), bool) if key_valid_BxLk is None else (
+      jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(bool))
+  # a key's document, -1 for padding (the caller's and the blocks'), which no query's document matches
+  k_segments = jnp.where(_pad_to(key_valid, 1, padded_k), segments(k_segments_BxLk, length_k, padded_k), -1.0)
   params_Hx1xA, uses_data = _term_parameters(term, heads)
 
   def data(given, length, padded):  # B x H x L' float32, zeros without data
@@ -418,8 +437,9 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
   out_BxHxLqxV = _flash(static, heads_first(query_BxLqxHxK, padded_q, width),
                         heads_first(key_BxLkxHxK, padded_k, width), heads_first(value_BxLkxHxV, padded_k, value_width),
                         positions(q_positions_BxLq, length_q, padded_q)[:, :, None],
-                        positions(k_positions_BxLk, length_k, padded_k)[:, None, :],
-                        _pad_to(key_valid, 1, padded_k)[:, None, :], params_Hx1xA,
+                        segments(q_segments_BxLq, length_q, padded_q)[:, :, None],
+                        positions(k_positions_BxLk, length_k, padded_k)[:, None, :], k_segments[:, None, :],
+                        params_Hx1xA,
                         data(None if term is None else term.q_data_BxHxLq, length_q, padded_q)[..., None],
                         data(None if term is None else term.k_data_BxHxLk, length_k, padded_k)[:, :, None, :])
   out_BxLqxHxV = jnp.transpose(out_BxHxLqxV[:, :, :length_q, :value_dim], (0, 2, 1, 3))
