@@ -32,7 +32,7 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   of 4, so its cached steps run blockwise), fed in chunks of 2, 1, 1 and 3 tokens. A causal-only
   variant has no encoder-decoder: decoder-only alone. The decoder-only model also decodes a packed row,
   documents of 3, 2 and 2 tokens (positions restarting in each; the last chunk straddles a boundary), against
-  its whole packed forward pass: all but CoPE, which refuses packed rows."""
+  its whole packed forward pass."""
   length = sum(CHUNKS)
   source, target = tokens(2, 5, seed=1), tokens(2, length, seed=2)
   if bidirectional(kind):
@@ -56,8 +56,6 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   _, cache = run_decoder_only(None, jnp.zeros_like(target))
   np.testing.assert_allclose(_fed_in_chunks(run_decoder_only, cache, target), decoder_only.apply(params, target),
                              atol=2e-5, rtol=1e-5)
-  if kind == 'cope':
-    return
   positions = jnp.asarray([[0, 1, 2, 0, 1, 0, 1]] * 2, jnp.int32)
   segments = jnp.asarray([[0, 0, 0, 1, 1, 2, 2]] * 2, jnp.int32)
   whole_packed = decoder_only.apply(params, target, positions_BxL=positions, segments_BxL=segments)

@@ -381,8 +381,7 @@ def test_documents_packing_is_refused_where_the_model_cannot_pack(prepared):
   from experiments.runs import settings
   from tests.helpers import with_overrides
   base = {'task.path': str(prepared), 'task.packing': 'documents', 'task.max_length': 32, 'task.eval_lengths': (32,)}
-  for changes, message in (({'model.position.kind': 'cope'}, 'model.position.kind: got \'cope\''),
-                           ({'model.architecture': 'lstm'}, 'task.packing: got \'documents\' with model.architecture'),
+  for changes, message in (({'model.architecture': 'lstm'}, 'task.packing: got \'documents\' with model.architecture'),
                            ({'model.randomized_max_length': 64}, 'model.randomized_max_length: got 64')):
     with pytest.raises(settings.ConfigError, match=message):
       settings.from_config_dict(with_overrides(corpus_config.get_config(), dict(base, **changes)), jax.device_count())

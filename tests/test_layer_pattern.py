@@ -3,11 +3,12 @@ kind, and patterns that cannot be built are refused by name."""
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import transformer as T
-from tests.helpers import init, tiny, tokens
+from tests.helpers import init, random_positions, tiny, tokens
 
 
 def test_each_layer_runs_the_hooks_of_its_kind():
@@ -39,6 +40,19 @@ def test_a_pattern_of_one_kind_is_that_kind(kind):
   pattern = T.DecoderOnly(tiny('layer_pattern', position={'layer_pattern': kind}))
   np.testing.assert_allclose(pattern.apply(params, x), alone.apply(params, x), atol=1e-6)
   assert jax.tree_util.tree_structure(init(pattern, x)) == jax.tree_util.tree_structure(params)
+
+
+def test_a_pattern_with_cope_counts_each_packed_document_alone():
+  """'cope,alibi': CoPE's gates read the mask the pattern's stack hands its layer in a packed row, so a row
+  of two documents of 4 gives each document's outputs alone (position parameters randomised)."""
+  model = T.DecoderOnly(tiny('layer_pattern', num_decoder_layers=2, position={'layer_pattern': 'cope,alibi'}))
+  x = tokens(2, 8)
+  params = random_positions(init(model, x))
+  packed = model.apply(params, x, positions_BxL=jnp.asarray([[0, 1, 2, 3] * 2] * 2),
+                       segments_BxL=jnp.asarray([[0] * 4 + [1] * 4] * 2))
+  alone = model.apply(params, jnp.concatenate([x[:, :4], x[:, 4:]]))
+  np.testing.assert_allclose(packed[:, :4], alone[:2], atol=2e-5, rtol=2e-5)
+  np.testing.assert_allclose(packed[:, 4:], alone[2:], atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize('pattern,causal,message', [

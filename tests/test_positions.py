@@ -400,12 +400,6 @@ def test_packed_documents_score_as_each_document_alone(kind, implementation):
   queries (and keys) too, blocks that straddle the documents' boundaries. The documents have one length, so
   they run alone as the rows of one batch."""
   lengths = (3, 3, 3, 3)
-  if kind == 'cope':
-    model = T.DecoderOnly(tiny(kind))
-    x, positions, segments = _packed_row(lengths)
-    with pytest.raises(ValueError, match='position.kind: got .cope.; valid: one document per row'):
-      init(model, x, positions_BxL=positions, segments_BxL=segments)
-    return
   config = tiny(kind, num_decoder_layers=1, attention_implementation=implementation, attention_block_size=2,
                 attention_key_block_size=2 if implementation == 'blockwise' else 0)
   model = T.DecoderOnly(config)

@@ -167,6 +167,8 @@ class TransformerStack(nn.Module):
         self_mask = documents if self_mask is None else jnp.logical_and(self_mask, documents)
     else:
       self_mask = cached_mask
+    if packed and not pallas:
+      shared = hooks.masked(shared, self_mask)
     memory_mask = None if not self.cross_attention else self._memory_mask(
         memory_BxLsxD, memory_valid_BxLs, key_positions_BxLk.shape[1], None if cache_index is None else self_mask)
     layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
@@ -238,7 +240,6 @@ class TransformerStack(nn.Module):
       raise ValueError('positions_BxL, segments_BxL: packed rows need both (each token\'s position in its document '
                        'and its document\'s id); valid: both arrays, or neither')
     chex.assert_shape([positions_BxL, segments_BxL], x_BxLxD.shape[:2])
-    self.config.position.settings.check_packed_rows()
     if self.config.randomized_max_length:
       raise ValueError('positions_BxL: packed rows bring their own positions; valid: no positions with '
                        'model.randomized_max_length (which draws its own)')

@@ -290,7 +290,7 @@ def _model_config(section, task_object) -> transformer.ModelConfig:
 
 
 def _check_packing(task: TaskSettings, model) -> None:
-  """Rows that pack several documents (task.packing='documents') need a Transformer whose variant serves them,
+  """Rows that pack several documents (task.packing='documents') need a Transformer (every variant serves them),
   at the positions the rows give (not randomized ones)."""
   if task.packing != 'documents':
     return
@@ -300,10 +300,6 @@ def _check_packing(task: TaskSettings, model) -> None:
   if model.randomized_max_length:
     raise ConfigError(f'model.randomized_max_length: got {model.randomized_max_length} with task.packing=\'documents\'; '
                       f'valid: 0 (packed rows give each token its position in its document)')
-  try:
-    model.position.settings.check_packed_rows()
-  except ValueError as error:
-    raise ConfigError(f'model.{error} with task.packing=\'documents\'') from None
 
 
 def _check_lengths(task: TaskSettings, task_object, model) -> None:

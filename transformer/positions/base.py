@@ -96,10 +96,6 @@ class Settings:
     range (xPos's scales); by default they never do."""
     del largest
 
-  def check_packed_rows(self) -> None:
-    """Raise ValueError (require) when the variant cannot serve rows that pack several documents, positions
-    restarting in each and attention kept within each; by default it can."""
-
   def shift_invariant_claim(self) -> Optional[bool]:
     """The claim of shift invariance when it depends on the settings (a pattern of variants by layer);
     None: the variant's own (Variant.shift_invariant)."""
@@ -132,6 +128,13 @@ class StackPositions(nn.Module):
   def kernel_shared(self) -> Shared:
     """Parameters that no layer owns and the layers' kernel terms read (T5's shared table); None for none."""
     return None
+
+  def masked(self, shared: Shared, mask_Bx1xLqxLk: chex.Array) -> Shared:
+    """The shared terms of a call whose rows pack several documents, given its self-attention mask (True:
+    attend), for a variant whose terms depend on which keys a query sees (CoPE's gates); by default the
+    shared terms as they are."""
+    del mask_Bx1xLqxLk
+    return shared
 
 
 class LayerPositions(nn.Module):

@@ -13,7 +13,9 @@ scaled logits). Causal only: the sums run over the past. The gates need q.k, whi
 from the keys it is given (a second QK^T); the sums run over every key a query sees at once, so
 blockwise attention gives each query block all its keys in one block (needs_all_keys), never in key
 blocks. Masked keys are those after the query's position (the causal rule, read from the positions),
-which also hides a cache's unwritten slots and right padding from every valid query.
+which also hides a cache's unwritten slots and right padding from every valid query. In rows that pack
+several documents, whose positions restart, the stack hands the layers the self-attention mask instead
+(`masked`), so a gate opens only for a key of the query's own document: each document counts alone.
 """
 
 import dataclasses
@@ -32,12 +34,6 @@ class CopeSettings(Settings):
 
   def check(self):
     require(self.max_positions >= 1, 'position.max_positions', self.max_positions, 'a positive integer')
-
-  def check_packed_rows(self):
-    # The gates are read from the positions (k <= q), which in a packed row also admit the keys of later
-    # documents, whose positions restart below the query's.
-    require(False, 'position.kind', 'cope', 'one document per row (CoPE\'s gates are chosen by position, and a '
-            'packed row\'s later documents restart below the query)')
 
 
 def contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale: float, max_positions: int):
@@ -59,6 +55,14 @@ def interpolated_term(query_BxLqxHxK, embeddings_KxR, positions_BxHxLqxLk) -> ch
   return below * (1.0 - weight) + above * weight
 
 
+class CopeStack(StackPositions):
+  """No shared terms, but in packed rows the mask that chooses the gates."""
+
+  def masked(self, shared, mask_Bx1xLqxLk):
+    del shared
+    return {'allowed_Bx1xLqxLk': mask_Bx1xLqxLk}
+
+
 class Cope(LayerPositions):
   """Owns the P position vectors of its layer and adds the interpolated q.e[p]."""
 
@@ -70,10 +74,13 @@ class Cope(LayerPositions):
     return True
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
-    allowed_BxLqxLk = k_positions_BxLk[:, None, :] <= q_positions_BxLq[:, :, None]
+    if shared is None:
+      allowed_BxLqxLk = k_positions_BxLk[:, None, :] <= q_positions_BxLq[:, :, None]
+    else:
+      allowed_BxLqxLk = shared['allowed_Bx1xLqxLk'][:, 0]
     positions = contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale, self.settings.max_positions)
     return interpolated_term(query_BxLqxHxK, self.embeddings, positions)
 
 
-VARIANT = Variant(StackPositions, Cope, 'Golovneva et al. 2024 (CoPE)', CopeSettings, shift_invariant=True,
+VARIANT = Variant(CopeStack, Cope, 'Golovneva et al. 2024 (CoPE)', CopeSettings, shift_invariant=True,
                   causal_only=True)

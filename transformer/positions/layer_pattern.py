@@ -49,10 +49,6 @@ class PatternSettings(Settings):
               f'in bidirectional attention (an encoder) kinds that are not causal only; {kind} is')
       self.part(kind).check_attention(num_heads, head_dim, causal)
 
-  def check_packed_rows(self):
-    for kind in self.distinct():
-      self.part(kind).check_packed_rows()
-
   def longest_sequence(self) -> Optional[int]:
     limits = [self.part(kind).longest_sequence() for kind in self.distinct()]
     return min((limit for limit in limits if limit is not None), default=None)
@@ -82,6 +78,9 @@ class PatternStack(StackPositions):
 
   def kernel_shared(self):
     return {kind: stack.kernel_shared() for kind, stack in self.parts.items()}
+
+  def masked(self, shared, mask_Bx1xLqxLk):
+    return {kind: stack.masked(shared[kind], mask_Bx1xLqxLk) for kind, stack in self.parts.items()}
 
 
 class PatternLayer(LayerPositions):
