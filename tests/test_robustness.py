@@ -121,13 +121,26 @@ def _fingerprint(directory) -> dict:
           for path in glob.glob(f'{directory}/**', recursive=True) if os.path.isfile(path)}
 
 
-def _checkpointed_runs(tmp_path, steps=15):
-  """An uninterrupted 20-step run, and one stopped at `steps` (checkpoints every 5, three kept)."""
-  schedule = {'train.checkpoint_every': 5, 'train.keep_checkpoints': 3}
-  trainer.run(smoke_experiment(**schedule), str(tmp_path / 'whole'))
+SCHEDULE = {'train.checkpoint_every': 5, 'train.keep_checkpoints': 3}
+
+
+@pytest.fixture(scope='module')
+def trained_runs(tmp_path_factory):
+  """Trained once per module (and test worker): an uninterrupted 20-step run and one stopped at 15,
+  checkpoints every 5, three kept. The tests damage copies."""
+  root = tmp_path_factory.mktemp('trained')
+  trainer.run(smoke_experiment(**SCHEDULE), str(root / 'whole'))
+  trainer.run(smoke_experiment(**SCHEDULE, **{'train.steps': 15}), str(root / 'stopped-15'))
+  return root
+
+
+def _checkpointed_runs(tmp_path, trained_runs, steps=15):
+  """Copies, in this test's folder, of the uninterrupted run (whole) and of one stopped at `steps`, 15 or
+  20 (a copy of the uninterrupted run: the same configuration), to be damaged; and their schedule."""
+  shutil.copytree(trained_runs / 'whole', tmp_path / 'whole')
   run = tmp_path / 'damaged'
-  trainer.run(smoke_experiment(**schedule, **{'train.steps': steps}), str(run))
-  return run, schedule
+  shutil.copytree(trained_runs / {15: 'stopped-15', 20: 'whole'}[steps], run)
+  return run, SCHEDULE
 
 
 def _assert_metrics_of_the_whole_run(tmp_path, run):
@@ -135,8 +148,8 @@ def _assert_metrics_of_the_whole_run(tmp_path, run):
 
 
 @pytest.mark.slow
-def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_path):
-  run, schedule = _checkpointed_runs(tmp_path)
+def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_path, trained_runs):
+  run, schedule = _checkpointed_runs(tmp_path, trained_runs)
   assert sorted(os.listdir(run / 'checkpoints')) == ['10', '15', '5']
   for victim in glob.glob(str(run / 'checkpoints' / '15' / '**' / 'd' / '*'), recursive=True)[:1]:
     os.remove(victim)  # damaged: a data file of the newest checkpoint is gone
@@ -147,8 +160,8 @@ def test_corrupt_or_incomplete_checkpoint_resumes_from_the_last_good_one(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_flipped_byte_in_a_checkpoint_is_caught_by_its_digest(tmp_path, caplog):
-  run, schedule = _checkpointed_runs(tmp_path)
+def test_a_flipped_byte_in_a_checkpoint_is_caught_by_its_digest(tmp_path, caplog, trained_runs):
+  run, schedule = _checkpointed_runs(tmp_path, trained_runs)
   files = [p for p in glob.glob(str(run / 'checkpoints' / '15' / '**' / '*'), recursive=True) if os.path.isfile(p)]
   victim = max(files, key=os.path.getsize)  # the largest data file: parameters or optimiser moments
   data = bytearray(pathlib.Path(victim).read_bytes())
@@ -163,8 +176,8 @@ def test_a_flipped_byte_in_a_checkpoint_is_caught_by_its_digest(tmp_path, caplog
 
 
 @pytest.mark.slow
-def test_the_analysis_commands_refuse_a_checkpoint_whose_bytes_changed(tmp_path):
-  run, _ = _checkpointed_runs(tmp_path)
+def test_the_analysis_commands_refuse_a_checkpoint_whose_bytes_changed(tmp_path, trained_runs):
+  run, _ = _checkpointed_runs(tmp_path, trained_runs)
   checkpoints.load_run(str(run))  # intact: loads
   victim = max((p for p in glob.glob(str(run / 'checkpoints' / '15' / '**' / '*'), recursive=True)
                 if os.path.isfile(p)), key=os.path.getsize)
@@ -178,8 +191,8 @@ def test_the_analysis_commands_refuse_a_checkpoint_whose_bytes_changed(tmp_path)
 
 
 @pytest.mark.slow
-def test_metrics_damaged_before_their_last_line_are_refused_and_left_alone(tmp_path):
-  run, schedule = _checkpointed_runs(tmp_path)
+def test_metrics_damaged_before_their_last_line_are_refused_and_left_alone(tmp_path, trained_runs):
+  run, schedule = _checkpointed_runs(tmp_path, trained_runs)
   lines = (run / 'metrics.jsonl').read_text().splitlines(keepends=True)
   lines[1] = '{"step": 10, "spl\n'
   (run / 'metrics.jsonl').write_text(''.join(lines))
@@ -191,10 +204,10 @@ def test_metrics_damaged_before_their_last_line_are_refused_and_left_alone(tmp_p
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_without_a_digest_is_set_aside_quietly(tmp_path, capfd):
+def test_a_damaged_checkpoint_without_a_digest_is_set_aside_quietly(tmp_path, capfd, trained_runs):
   """Checkpoints written before digests: orbax's failing restore is the check, and the dozens of 'Event
   loop is closed' tracebacks its in-flight reads used to print are gone."""
-  run, schedule = _checkpointed_runs(tmp_path)
+  run, schedule = _checkpointed_runs(tmp_path, trained_runs)
   shutil.rmtree(run / 'checkpoints.digests')
   for victim in glob.glob(str(run / 'checkpoints' / '15' / 'default' / '**' / 'd' / '*'), recursive=True):
     os.remove(victim)
@@ -206,10 +219,10 @@ def test_a_damaged_checkpoint_without_a_digest_is_set_aside_quietly(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
+def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, caplog, trained_runs):
   """Killed in the middle of writing a record after its last checkpoint (step 15)."""
   caplog.set_level(logging.INFO)
-  run, schedule = _checkpointed_runs(tmp_path, steps=20)
+  run, schedule = _checkpointed_runs(tmp_path, trained_runs, steps=20)
   (run / 'summary.json').unlink()
   shutil.rmtree(run / 'checkpoints' / '20')  # as if killed before the final checkpoint
   text = (run / 'metrics.jsonl').read_text()
@@ -221,11 +234,11 @@ def test_a_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_metrics_cut_below_what_a_checkpoint_covers_resume_from_one_they_cover(tmp_path, caplog):
+def test_metrics_cut_below_what_a_checkpoint_covers_resume_from_one_they_cover(tmp_path, caplog, trained_runs):
   """A tail lost below the newest checkpoint (a power loss without fsync would do it): that checkpoint
   cannot be resumed without losing records, so an older one that the file still covers is used."""
   caplog.set_level(logging.INFO)
-  run, schedule = _checkpointed_runs(tmp_path)
+  run, schedule = _checkpointed_runs(tmp_path, trained_runs)
   lines = (run / 'metrics.jsonl').read_text().splitlines(keepends=True)
   first_after_step_10 = next(i for i, line in enumerate(lines) if json.loads(line)['step'] > 10)
   (run / 'metrics.jsonl').write_text(''.join(lines[:first_after_step_10]) + lines[first_after_step_10][:7])
