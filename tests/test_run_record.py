@@ -26,17 +26,30 @@ def _fingerprint(directory) -> dict:
           if os.path.isfile(path) and not path.endswith('.lock')}
 
 
-def _unfinished(workdir, **overrides):
-  """A run of configs/smoke.py (20 steps) stopped after its checkpoint at step 10."""
-  trainer.run(smoke_experiment(**overrides), str(workdir))
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory):
+  """configs/smoke.py (20 steps) trained to the end once per module (and test worker); tests change copies."""
+  workdir = tmp_path_factory.mktemp('smoke') / 'run'
+  trainer.run(smoke_experiment(), str(workdir))
+  return workdir
+
+
+def _copy(run, workdir):
+  """A copy of a finished run in workdir (which may exist, empty)."""
+  shutil.copytree(run, workdir, dirs_exist_ok=True)
+
+
+def _unfinished(smoke_run, workdir):
+  """A copy of the smoke run stopped after its checkpoint at step 10."""
+  _copy(smoke_run, workdir)
   (workdir / 'summary.json').unlink()
   shutil.rmtree(workdir / 'checkpoints' / '20')
   os.remove(workdir / 'checkpoints.digests' / '20.json')
 
 
 @pytest.mark.slow
-def test_resuming_with_another_configuration_is_refused_naming_every_field_and_writing_nothing(tmp_path):
-  _unfinished(tmp_path)
+def test_resuming_with_another_configuration_is_refused_naming_every_field_and_writing_nothing(tmp_path, smoke_run):
+  _unfinished(smoke_run, tmp_path)
   before = _fingerprint(tmp_path)
   with pytest.raises(run_record.RunMismatch) as raised:
     trainer.run(smoke_experiment(seed=7, **{'model.position.kind': 'rope', 'task.name': 'reverse'}), str(tmp_path))
@@ -50,8 +63,8 @@ def test_resuming_with_another_configuration_is_refused_naming_every_field_and_w
 
 
 @pytest.mark.slow
-def test_config_json_is_written_once_and_a_finished_run_takes_no_other_configuration(tmp_path):
-  trainer.run(smoke_experiment(), str(tmp_path))
+def test_config_json_is_written_once_and_a_finished_run_takes_no_other_configuration(tmp_path, smoke_run):
+  _copy(smoke_run, tmp_path)
   written = (tmp_path / 'config.json').read_bytes()
   before = _fingerprint(tmp_path)
   with pytest.raises(run_record.RunMismatch, match='model.position.kind: .* has .sinusoidal., .* asks for .alibi.'):
@@ -65,8 +78,8 @@ def test_config_json_is_written_once_and_a_finished_run_takes_no_other_configura
 
 
 @pytest.mark.slow
-def test_a_longer_train_steps_continues_a_finished_run_into_the_longer_run(tmp_path):
-  trainer.run(smoke_experiment(), str(tmp_path / 'whole'))
+def test_a_longer_train_steps_continues_a_finished_run_into_the_longer_run(tmp_path, smoke_run):
+  _copy(smoke_run, tmp_path / 'whole')
   trainer.run(smoke_experiment(**{'train.steps': 10}), str(tmp_path / 'extended'))
   assert run_record.is_finished(str(tmp_path / 'extended'))
   trainer.run(smoke_experiment(), str(tmp_path / 'extended'))
@@ -86,8 +99,11 @@ def test_a_longer_train_steps_continues_a_finished_run_into_the_longer_run(tmp_p
     ({}, {'train.log_every': 1}, 'the run finished at step 20; only a longer train.steps continues it'),
     ({}, {'task.eval_lengths': (6, 12, 24)}, 'the run finished at step 20'),
 ])
-def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, first, then, reason):
-  trainer.run(smoke_experiment(**first), str(tmp_path))
+def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, smoke_run, first, then, reason):
+  if first:
+    trainer.run(smoke_experiment(**first), str(tmp_path))
+  else:
+    _copy(smoke_run, tmp_path)
   before = _fingerprint(tmp_path)
   with pytest.raises(run_record.RunMismatch) as raised:
     trainer.run(smoke_experiment(**then), str(tmp_path))
@@ -96,8 +112,8 @@ def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, first, the
 
 
 @pytest.mark.slow
-def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp_path):
-  _unfinished(tmp_path)
+def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp_path, smoke_run):
+  _unfinished(smoke_run, tmp_path)
   changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel.mode': 'mesh'}
   trainer.run(smoke_experiment(**changed), str(tmp_path))
   record = json.loads((tmp_path / 'config_changes.jsonl').read_text())
@@ -112,8 +128,8 @@ def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp
 
 
 @pytest.mark.slow
-def test_a_workdir_with_results_but_no_config_is_refused(tmp_path):
-  trainer.run(smoke_experiment(), str(tmp_path))
+def test_a_workdir_with_results_but_no_config_is_refused(tmp_path, smoke_run):
+  _copy(smoke_run, tmp_path)
   (tmp_path / 'config.json').unlink()
   with pytest.raises(run_record.RunMismatch, match='holds checkpoints, metrics.jsonl, summary.json but no config.json'):
     trainer.run(smoke_experiment(), str(tmp_path))
