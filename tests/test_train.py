@@ -13,6 +13,15 @@ from experiments.runs.metrics import read_metrics, without_wall_clock
 from tests.helpers import smoke_experiment
 
 
+@pytest.fixture(scope='module')
+def smoke_run(tmp_path_factory):
+  """configs/smoke.py (pmap, 20 steps) trained once per module (and test worker): the reference that several
+  tests compare a run of their own with. Read only."""
+  workdir = tmp_path_factory.mktemp('smoke') / 'run'
+  trainer.run(smoke_experiment(), str(workdir))
+  return str(workdir)
+
+
 def test_outputs_in_the_workdir(tmp_path):
   experiment = smoke_experiment()
   evaluation = trainer.run(experiment, str(tmp_path))
@@ -33,11 +42,9 @@ def test_outputs_in_the_workdir(tmp_path):
 
 
 @pytest.mark.slow
-def test_same_config_and_seed_give_the_same_metrics(tmp_path):
-  experiment = smoke_experiment()
-  trainer.run(experiment, str(tmp_path / 'first'))
-  trainer.run(experiment, str(tmp_path / 'second'))
-  first = without_wall_clock(read_metrics(str(tmp_path / 'first')))
+def test_same_config_and_seed_give_the_same_metrics(tmp_path, smoke_run):
+  trainer.run(smoke_experiment(), str(tmp_path / 'second'))
+  first = without_wall_clock(read_metrics(smoke_run))
   assert first == without_wall_clock(read_metrics(str(tmp_path / 'second')))
   trainer.run(smoke_experiment(seed=1), str(tmp_path / 'other_seed'))
   assert first != without_wall_clock(read_metrics(str(tmp_path / 'other_seed')))
@@ -92,27 +99,22 @@ def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(tmp_path, par
 
 
 @pytest.mark.slow
-def test_pmap_and_mesh_agree(tmp_path):
-  trainer.run(smoke_experiment(**{'parallel.mode': 'pmap'}), str(tmp_path / 'pmap'))
+def test_pmap_and_mesh_agree(tmp_path, smoke_run):
   trainer.run(smoke_experiment(**{'parallel.mode': 'mesh'}), str(tmp_path / 'mesh'))
-  np.testing.assert_allclose(_losses(str(tmp_path / 'mesh')), _losses(str(tmp_path / 'pmap')), rtol=1e-5)
+  np.testing.assert_allclose(_losses(str(tmp_path / 'mesh')), _losses(smoke_run), rtol=1e-5)
 
 
 @pytest.mark.slow
-def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
-  full = smoke_experiment()
-  trainer.run(full, str(tmp_path / 'full'))
+def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, smoke_run):
   trainer.run(smoke_experiment(**{'train.steps': 10}), str(tmp_path / 'resumed'))
-  trainer.run(full, str(tmp_path / 'resumed'))
-  assert without_wall_clock(read_metrics(str(tmp_path / 'resumed'))) == without_wall_clock(
-      read_metrics(str(tmp_path / 'full')))
+  trainer.run(smoke_experiment(), str(tmp_path / 'resumed'))
+  assert without_wall_clock(read_metrics(str(tmp_path / 'resumed'))) == without_wall_clock(read_metrics(smoke_run))
 
 
 @pytest.mark.slow
-def test_dropout_runs_and_differs_from_no_dropout(tmp_path):
+def test_dropout_runs_and_differs_from_no_dropout(tmp_path, smoke_run):
   trainer.run(smoke_experiment(**{'model.dropout_rate': 0.3}), str(tmp_path / 'dropout'))
-  trainer.run(smoke_experiment(), str(tmp_path / 'plain'))
-  assert not np.allclose(_losses(str(tmp_path / 'dropout')), _losses(str(tmp_path / 'plain')))
+  assert not np.allclose(_losses(str(tmp_path / 'dropout')), _losses(smoke_run))
 
 
 def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
