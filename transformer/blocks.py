@@ -151,7 +151,7 @@ class TransformerStack(nn.Module):
     key_positions_BxLk, cache_index, cached_mask = positions_BxL, None, None
     if use_cache:
       positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._cached_positions(
-          positions_BxL, segments_BxL if packed else None, valid_BxL)
+          positions_BxL, segments_BxL, valid_BxL)
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = batch_split(hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype))  # a float32 table would promote
@@ -176,7 +176,7 @@ class TransformerStack(nn.Module):
     cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
                                                 cache_index=cache_index)
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared,
-                        segments_BxL=segments_BxL if packed else None)
+                        segments_BxL=segments_BxL)
     for index in range(self.num_layers):
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                          deterministic=deterministic, layer_index=index, name=f'layer_{index}')

@@ -114,8 +114,8 @@ class PmapPlacement(_Placement):
     return slice(jax.process_index() * per_host, (jax.process_index() + 1) * per_host)
 
   def put_batch(self, host_batch: dict, batch_size: int) -> dict:
-    axis, local_count = self.batch_axis, len(self.local_devices)
-    per_host = batch_size // jax.process_count()
+    axis, local_count, rows = self.batch_axis, len(self.local_devices), self.host_rows(batch_size)
+    per_host = rows.stop - rows.start
 
     def on_devices(v):  # one slice of this host's examples per local device, the device axis first
       assert v.shape[axis] == per_host, (v.shape, axis, per_host)
@@ -157,6 +157,7 @@ class MeshPlacement(_Placement):
     self.sharded = NamedSharding(self.mesh, PartitionSpec(*([None] * batch_axis), sharding.BATCH_AXES))
     self.state_shardings = None
     self.rules = sharding.ACTIVATION_RULES
+    self._host_rows = {}  # batch size -> host_rows
 
   def _state_shardings(self, state):
     """NamedShardings of the state's leaves (a replica axis first, whole, when there is one), in the state's own
@@ -171,7 +172,12 @@ class MeshPlacement(_Placement):
 
   def host_rows(self, batch_size: int) -> slice:
     """The span of the batch rows this process's devices hold (contiguous: the mesh orders devices by
-    process)."""
+    process); worked out once per batch size, since put_batch asks at every step."""
+    if batch_size not in self._host_rows:
+      self._host_rows[batch_size] = self._span_of_rows(batch_size)
+    return self._host_rows[batch_size]
+
+  def _span_of_rows(self, batch_size: int) -> slice:
     by_device = NamedSharding(self.mesh, PartitionSpec(sharding.BATCH_AXES)).addressable_devices_indices_map(
         (batch_size,))
     spans = sorted({(index[0].indices(batch_size)[:2]) for index in by_device.values()})
