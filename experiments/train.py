@@ -33,8 +33,9 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'Multi-host: index of thi
 
 
 def prepare():
-  """Everything that can be checked before compiling: the config file, the overrides, the workdir.
-  Exits with code 2 and one line on any problem; writes nothing."""
+  """What can be checked before the model is built: the config file, the overrides, the workdirs, the run to
+  start from. Exits with code 2 and one line on any problem; writes nothing. What only tracing finds, the
+  trainer refuses before it writes (trainer.run_seeds)."""
   if _CONFIG.value is None:
     cli.fail('--config: missing; valid: a config file, e.g. --config=configs/algorithmic.py:copy')
   if not _WORKDIR.value:
@@ -47,7 +48,6 @@ def prepare():
     workdirs = settings.seed_workdirs(_WORKDIR.value, experiment.seed, _SEEDS.value)
     for workdir in workdirs:
       settings.check_workdir(workdir)
-    preflight.check(experiment)
     for workdir in workdirs:
       preflight.check_init_from(experiment, workdir)
   except settings.ConfigError as error:
@@ -69,7 +69,7 @@ def evaluation_table(experiment, evaluation: dict) -> str:
 def main(argv):
   del argv
   experiment, workdirs = prepare()
-  from experiments.runs import checkpoints, metrics, run_record, trainer  # pylint: disable=g-import-not-at-top
+  from experiments.runs import checkpoints, metrics, run_record, settings, trainer  # pylint: disable=g-import-not-at-top
   try:
     evaluations = trainer.run_seeds(experiment, workdirs)
   except run_record.RunMismatch as mismatch:
@@ -80,7 +80,7 @@ def main(argv):
     for line in str(error).splitlines():
       print(f'error: {line}', file=sys.stderr)
     sys.exit(2)
-  except (trainer.WorkdirBusy, trainer.WorkdirUnusable, trainer.ReplicasOutOfStep,
+  except (settings.ConfigError, trainer.WorkdirBusy, trainer.WorkdirUnusable, trainer.ReplicasOutOfStep,
           checkpoints.CheckpointMismatch, metrics.MetricsDamaged) as error:
     cli.fail(str(error))
   for offset, (workdir, evaluation) in enumerate(zip(workdirs, evaluations)):

@@ -83,13 +83,30 @@ def test_what_tracing_refuses_is_a_configuration_error(overrides, expected):
     preflight.check(smoke_experiment(**overrides))
 
 
+def test_a_state_larger_than_a_device_is_refused_before_anything_is_written(tmp_path):
+  """A learned table of a billion rows: parameters and Adam's two moments, 4 bytes each, cannot fit this
+  machine's memory; found from shapes alone, by the sweep's check and by the trainer before it writes."""
+  huge = smoke_experiment(**{'model.position.kind': 'learned', 'model.position.max_length': 10**9})
+  table_bytes = 3 * 4 * 10**9 * huge.model.model_dim
+  assert table_bytes > preflight.device_memory() > 0
+  with pytest.raises(settings.ConfigError, match=r'^model: one device would hold \d+\.\d GiB \(parameters '):
+    preflight.check(huge)
+  with pytest.raises(settings.ConfigError, match=r'^model: one device would hold '):
+    trainer.run(huge, str(tmp_path / 'run'))
+  assert not (tmp_path / 'run').exists()
+
+
 @pytest.mark.slow
 def test_the_train_command_refuses_a_core_before_it_writes_and_the_corrected_command_runs(tmp_path):
+  """cuDNN on a CPU is refused by the model's initialisation; the XLA core with attention dropout only by the
+  training step (initialisation is deterministic), which the trainer traces before it writes."""
   workdir = tmp_path / 'run'
-  code, _, lines = command('experiments.train', '--config=configs/smoke.py', f'--workdir={workdir}',
-                           '--config.model.attention_implementation=cudnn', '--config.train.steps=2')
-  assert code == 2 and len(lines) == 1 and lines[0].startswith('error: model.attention_implementation:'), lines
-  assert not workdir.exists()
+  for overrides in (['--config.model.attention_implementation=cudnn'],
+                    ['--config.model.attention_implementation=xla', '--config.model.attention_dropout_rate=0.1']):
+    code, _, lines = command('experiments.train', '--config=configs/smoke.py', f'--workdir={workdir}', *overrides,
+                             '--config.train.steps=2')
+    assert code == 2 and len(lines) == 1 and lines[0].startswith('error: model.attention_implementation:'), lines
+    assert not workdir.exists()
   code, _, lines = command('experiments.train', '--config=configs/smoke.py', f'--workdir={workdir}',
                            '--config.train.steps=2')
   assert code == 0, lines[-3:]

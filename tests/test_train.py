@@ -51,9 +51,11 @@ def test_same_config_and_seed_give_the_same_metrics(tmp_path, smoke_run):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('seeds', [1, 2])
 @pytest.mark.parametrize('parallel', ['pmap', 'mesh'])
-def test_train_step_compiles_once(tmp_path, parallel):
-  experiment = smoke_experiment(**{'parallel.mode': parallel})
+def test_train_step_is_traced_once(tmp_path, parallel, seeds):
+  """The trace made before the run writes (where tracing's refusals are raised) is the one the steps use."""
+  experiment = smoke_experiment(**{'parallel.mode': parallel, 'train.steps': 4 if seeds > 1 else 20})
   traces = []
 
   def wrap(step_fn):
@@ -64,8 +66,9 @@ def test_train_step_compiles_once(tmp_path, parallel):
     return counted
 
   chex.clear_trace_counter()
-  trainer.run(experiment, str(tmp_path), wrap_train_step=wrap)
-  assert len(traces) == 1  # 20 steps, one trace
+  trainer.run_seeds(experiment, [str(tmp_path / f'seed{i}') for i in range(seeds)], wrap_train_step=wrap)
+  assert len(traces) == 1
+  assert all(len(read_metrics(str(tmp_path / f'seed{i}'))) > 1 for i in range(seeds))
 
 
 def _losses(workdir):

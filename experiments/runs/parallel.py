@@ -78,6 +78,16 @@ class _Placement:
     """A training state (numpy, one copy) placed for the step."""
     raise NotImplementedError
 
+  def abstract_state(self, shapes):
+    """What put_state gives for a state of these shapes: jax.ShapeDtypeStruct leaves with their shardings."""
+    raise NotImplementedError
+
+  def trace_train_step(self, train_step: Callable, state, batch: dict, seed) -> None:
+    """Traces compile_train_step's result on what the loop passes it (an abstract_state, a put_batch, the seed),
+    compiling nothing: a refusal the library raises while tracing is raised here, and the loop's first call
+    reuses the trace (JAX caches it by function and argument types)."""
+    raise NotImplementedError
+
   def host_state(self, state):
     """One copy on the host (numpy)."""
     raise NotImplementedError
@@ -123,13 +133,21 @@ class PmapPlacement(_Placement):
       return np.moveaxis(split, axis, 0)
     return {k: on_devices(v) for k, v in host_batch.items()}
 
-  def put_state(self, host_state):
+  def _copies(self) -> NamedSharding:
     # pmap (jit + shard_map since JAX 0.8) returns arrays sharded over a mesh whose axis is named
     # after its axis_name; placing the state on that very sharding keeps the step traced once.
-    count = len(self.local_devices)
-    replicas = NamedSharding(Mesh(np.asarray(self.local_devices), (AXIS,)), PartitionSpec(AXIS))
-    return jax.tree_util.tree_map(lambda x: jax.device_put(np.stack([np.asarray(x)] * count), replicas),
-                                  host_state)
+    return NamedSharding(Mesh(np.asarray(self.local_devices), (AXIS,)), PartitionSpec(AXIS))
+
+  def put_state(self, host_state):
+    count, copies = len(self.local_devices), self._copies()
+    return jax.tree_util.tree_map(lambda x: jax.device_put(np.stack([np.asarray(x)] * count), copies), host_state)
+
+  def abstract_state(self, shapes):
+    count, copies = len(self.local_devices), self._copies()
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((count, *x.shape), x.dtype, sharding=copies), shapes)
+
+  def trace_train_step(self, train_step: Callable, state, batch: dict, seed) -> None:
+    jax.eval_shape(train_step, state, batch, seed)
 
   def host_state(self, state):
     # The first local device's copy, read from its buffer: indexing x[0] would run an eager gather
@@ -208,6 +226,14 @@ class MeshPlacement(_Placement):
         jax.make_array_from_callback(np.shape(x), where, lambda index: np.asarray(x)[index]),
         host_state, self.state_shardings)
 
+  def abstract_state(self, shapes):
+    self.state_shardings = self._state_shardings(shapes)
+    return jax.tree_util.tree_map(lambda x, where: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where), shapes,
+                                  self.state_shardings)
+
+  def trace_train_step(self, train_step: Callable, state, batch: dict, seed) -> None:
+    train_step.trace(state, batch, seed)
+
   def host_state(self, state):
     return jax.tree_util.tree_map(_whole, state)
 
@@ -245,6 +271,10 @@ class _InMesh:
   def lower(self, *args):
     with jax.sharding.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       return self.jitted.lower(*args)
+
+  def trace(self, *args):
+    with jax.sharding.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return self.jitted.trace(*args)
 
 
 def _whole(x: jax.Array) -> np.ndarray:

@@ -5,9 +5,11 @@ Some refusals depend on the call, not the config alone: the attention core asked
 reads the weights, what the variant adds, the mask's parts (transformer/attention_core.py). Rather
 than restate those rules, `check` traces the run's own initialisation and training step abstractly
 (`jax.eval_shape`: shapes only, nothing compiled, allocated or written) and turns any ValueError the
-library raises into a ConfigError, so the command refuses in one line with the library's own words.
+library raises into a ConfigError (`refusing`), so the command refuses in one line with the library's own words.
+The trainer does the same with the step it will run, before it writes (trainer.run_seeds).
 """
 
+import contextlib
 import functools
 import json
 import os
@@ -24,19 +26,33 @@ SAMPLE_BATCH = 2  # examples in the traced batch: the rules do not depend on the
 
 
 def check(experiment: Experiment) -> None:
-  """ConfigError if tracing this run's initialisation or training step raises a ValueError."""
+  """ConfigError if tracing this run's initialisation or training step raises a ValueError, or if its state
+  would not fit one device. `compare` checks every variant so before it starts any; the trainer traces its own
+  step (`trainer.run_seeds`) and so needs no second trace here."""
   task = TASKS[experiment.task.name](experiment.task)
   model = transformer.build_model(experiment.model, experiment.task.model_kind)
-  try:
+  with refusing():
     state = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
     batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                    task.batch(experiment.seed, 0, 'train', SAMPLE_BATCH))
     train_step = functools.partial(steps.train_step, model=model, task=task, experiment=experiment)
     jax.eval_shape(train_step, state, batch, jnp.uint32(experiment.seed))
+  _, memory = sharding.plan(experiment, model, task, state, jax.device_count())
+  check_memory(memory)
+
+
+@contextlib.contextmanager
+def refusing():
+  """A ValueError the library raises while tracing, as a one-line ConfigError in its own words."""
+  try:
+    yield
   except ValueError as error:
     message = ' '.join(str(error).split())
     raise ConfigError(message if message.startswith('model.') else f'model: {message}') from None
-  _, memory = sharding.plan(experiment, model, task, state, jax.device_count())
+
+
+def check_memory(memory: dict) -> None:
+  """ConfigError if one device would hold more than its memory (sharding.plan's bytes per device)."""
   needed = memory['parameters'] + memory['optimizer_state'] + memory['activations']
   available = device_memory()
   if available and needed > available:

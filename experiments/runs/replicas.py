@@ -40,6 +40,12 @@ class Replicas:
       return [tree]
     return [jax.tree_util.tree_map(lambda leaf, i=i: leaf[i], tree) for i in range(self.count)]
 
+  def join_shapes(self, shapes):
+    """join's result for trees of these shapes (jax.ShapeDtypeStruct leaves)."""
+    if not self.vectorized:
+      return shapes
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((len(self.seeds), *x.shape), x.dtype), shapes)
+
   def seed_argument(self) -> np.ndarray:
     """The train step's seed argument: a scalar, or one seed per replica."""
     return np.asarray(self.seeds if self.vectorized else self.seeds[0], np.uint32)  # seed + 1 <= 2^31 fits

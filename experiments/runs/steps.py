@@ -35,7 +35,10 @@ def learning_rate_schedule(train: TrainSettings) -> optax.Schedule:
   return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
 
 
+@functools.lru_cache(maxsize=64)
 def make_optimizer(train: TrainSettings) -> optax.GradientTransformation:
+  """One object per settings (optax's transformations are pure functions): the states built for a run then
+  share one tree structure, which is part of what JAX keys a traced step by, so the step is traced once."""
   schedule = learning_rate_schedule(train)
   if train.optimizer == 'adamw':
     optimizer = optax.adamw(schedule, train.beta1, train.beta2, train.epsilon, weight_decay=train.weight_decay)

@@ -12,7 +12,7 @@ import jax
 from absl import logging
 
 import transformer
-from experiments.runs import sharding, steps
+from experiments.runs import preflight, sharding, steps
 from experiments.runs.evaluation import evaluate
 from experiments.runs.lifecycle import NonFiniteLoss, ReplicasOutOfStep, Runs, WorkdirBusy, WorkdirUnusable
 from experiments.runs.parallel import placement_for
@@ -55,7 +55,7 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
   """Train (or resume) to experiment.train.steps. Returns the last evaluation's records by length.
 
   A workdir that holds a run of another configuration is refused (run_record.RunMismatch) before
-  anything is written. SIGTERM/SIGINT: a checkpoint at the current step, then return; before the first
+  anything is written, and so is a configuration that tracing or memory refuses (settings.ConfigError). SIGTERM/SIGINT: a checkpoint at the current step, then return; before the first
   step, experiments.shared.signals.Interrupted. devices: every device by default; tests pass a subset to
   compare device counts in one process.
   """
@@ -71,15 +71,18 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
   checkpoint kept) while the others train on; the call then raises NonFiniteLoss naming it, after the others
   have finished or stopped."""
   experiments = [dataclasses.replace(experiment, seed=experiment.seed + i) for i in range(len(workdirs))]
+  replicas = Replicas([e.seed for e in experiments])
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  with preflight.refusing():
+    shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+  specs, memory = sharding.plan(experiment, model, task, shapes, len(devices or jax.devices()))
+  preflight.check_memory(memory)
+  placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis, state_specs=specs)
+  train_step = _traced_train_step(experiment, task, model, placement, replicas, shapes, wrap_train_step)
   with STOP.deferred() as stop, Runs(experiments, workdirs, stop) as runs:
-    replicas = Replicas([e.seed for e in experiments])
     logging.info('devices: %d (%s), parallel=%s, seeds %s in one program', len(devices or jax.devices()),
                  jax.default_backend(), experiment.parallel, replicas.seeds)
-    task = TASKS[experiment.task.name](experiment.task)
-    model = transformer.build_model(experiment.model, experiment.task.model_kind)
-    shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
-    specs, memory = sharding.plan(experiment, model, task, shapes, len(devices or jax.devices()))
-    placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis, state_specs=specs)
     runs.resume(lambda run_experiment: steps.create_train_state(run_experiment, model, task),
                 shardings=placement.checkpoint_shardings(shapes))
     if runs.all_finished:
@@ -88,7 +91,21 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
     runs.record_placement(dict(memory, devices=len(devices or jax.devices()), processes=jax.process_count(),
                                backend=jax.default_backend(), mode=experiment.parallel.mode,
                                cpu_cores=len(os.sched_getaffinity(0))))
-    return runs.results(_train(experiment, runs, task, model, placement, replicas, wrap_train_step, stop))
+    return runs.results(_train(experiment, runs, task, model, placement, replicas, train_step, stop))
+
+
+def _traced_train_step(experiment, task, model, placement, replicas, shapes, wrap_train_step) -> Callable:
+  """The compiled training step, traced on the loop's argument types before anything is written: a
+  refusal the library raises while tracing (an attention core this run cannot use) is a ConfigError
+  here, and the loop's first call reuses this trace instead of tracing again."""
+  train_step = placement.compile_train_step(wrap_train_step(replicas.train_step(functools.partial(
+      steps.train_step, model=model, task=task, experiment=experiment))))
+  batch_size = experiment.train.batch_size
+  batches = [task.batch_rows(seed, 0, 'train', batch_size, placement.host_rows(batch_size)) for seed in replicas.seeds]
+  with preflight.refusing():
+    placement.trace_train_step(train_step, placement.abstract_state(replicas.join_shapes(shapes)),
+                               placement.put_batch(replicas.join(batches), batch_size), replicas.seed_argument())
+  return train_step
 
 
 def log_memory(memory: dict, replicas: int = 1) -> None:
@@ -99,11 +116,9 @@ def log_memory(memory: dict, replicas: int = 1) -> None:
                *(replicas * memory[name] / 2**20 for name in ('parameters', 'optimizer_state', 'activations')))
 
 
-def _train(experiment, runs: Runs, task, model, placement, replicas, wrap_train_step, stop) -> list[dict]:
+def _train(experiment, runs: Runs, task, model, placement, replicas, train_step, stop) -> list[dict]:
   """The step loop, from runs.start_step to train.steps; each run's last evaluation."""
   state = placement.put_state(replicas.join(runs.states))
-  train_step = placement.compile_train_step(wrap_train_step(replicas.train_step(functools.partial(
-      steps.train_step, model=model, task=task, experiment=experiment))))
   eval_step = placement.compile_eval_step(replicas.eval_step(functools.partial(steps.eval_step, model=model,
                                                                                task=task)))
   train, step = experiment.train, runs.start_step
