@@ -79,7 +79,8 @@ class _Placement:
     raise NotImplementedError
 
   def abstract_state(self, shapes):
-    """What put_state gives for a state of these shapes: jax.ShapeDtypeStruct leaves with their shardings."""
+    """What put_state gives for a state of these shapes: jax.ShapeDtypeStruct leaves with their shardings. Like
+    put_state, it fixes the state shardings the steps compiled after it take."""
     raise NotImplementedError
 
   def trace_train_step(self, train_step: Callable, state, batch: dict, seed) -> None:

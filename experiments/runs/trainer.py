@@ -98,13 +98,14 @@ def _traced_train_step(experiment, task, model, placement, replicas, shapes, wra
   """The compiled training step, traced on the loop's argument types before anything is written: a
   refusal the library raises while tracing (an attention core this run cannot use) is a ConfigError
   here, and the loop's first call reuses this trace instead of tracing again."""
+  state = placement.abstract_state(replicas.join_shapes(shapes))  # first: it fixes the mesh's state shardings
   train_step = placement.compile_train_step(wrap_train_step(replicas.train_step(functools.partial(
       steps.train_step, model=model, task=task, experiment=experiment))))
   batch_size = experiment.train.batch_size
   batches = [task.batch_rows(seed, 0, 'train', batch_size, placement.host_rows(batch_size)) for seed in replicas.seeds]
   with preflight.refusing():
-    placement.trace_train_step(train_step, placement.abstract_state(replicas.join_shapes(shapes)),
-                               placement.put_batch(replicas.join(batches), batch_size), replicas.seed_argument())
+    placement.trace_train_step(train_step, state, placement.put_batch(replicas.join(batches), batch_size),
+                               replicas.seed_argument())
   return train_step
 
 
