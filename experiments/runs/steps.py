@@ -54,11 +54,17 @@ def sample_inputs(experiment: Experiment, task: Task) -> tuple[tuple, dict]:
   return task.model_inputs(task.batch(experiment.seed, 0, 'train', 2))
 
 
+@functools.partial(jax.jit, static_argnames='model')
+def _initial_params(key, args: tuple, kwargs: dict, model: nn.Module):
+  """One function for every initialisation, the model a static argument (modules hash by their fields): the
+  trainer's abstract state, each seed's state and a sweep's check of the same model share one trace."""
+  return nn.meta.unbox(model.init(key, *args, **kwargs)['params'])
+
+
 def create_train_state(experiment: Experiment, model: nn.Module, task: Task) -> TrainState:
   """Parameters initialised from the seed on a training-shaped batch (on the host, not sharded)."""
   args, kwargs = sample_inputs(experiment, task)
-  params = jax.jit(lambda key: nn.meta.unbox(model.init(key, *args, **kwargs)['params']))(
-      jax.random.PRNGKey(experiment.seed))
+  params = _initial_params(jax.random.PRNGKey(experiment.seed), args, kwargs, model=model)
   return TrainState.create(apply_fn=model.apply, params=params, tx=make_optimizer(experiment.train))
 
 
