@@ -55,8 +55,9 @@ def run(experiment: Experiment, workdir: str, *, wrap_train_step: Callable = lam
   """Train (or resume) to experiment.train.steps. Returns the last evaluation's records by length.
 
   A workdir that holds a run of another configuration is refused (run_record.RunMismatch) before
-  anything is written, and so is a configuration that tracing or memory refuses (settings.ConfigError). SIGTERM/SIGINT: a checkpoint at the current step, then return; before the first
-  step, experiments.shared.signals.Interrupted. devices: every device by default; tests pass a subset to
+  anything is written, and so is a configuration that tracing or memory refuses (settings.ConfigError).
+  SIGTERM/SIGINT: a checkpoint at the current step, then return; before the first step,
+  experiments.shared.signals.Interrupted. devices: every device by default; tests pass a subset to
   compare device counts in one process.
   """
   return run_seeds(experiment, [workdir], wrap_train_step=wrap_train_step, devices=devices)[0]
