@@ -88,7 +88,8 @@ def test_a_state_larger_than_a_device_is_refused_before_anything_is_written(tmp_
   machine's memory; found from shapes alone, by the sweep's check and by the trainer before it writes."""
   huge = smoke_experiment(**{'model.position.kind': 'learned', 'model.position.max_length': 10**9})
   table_bytes = 3 * 4 * 10**9 * huge.model.model_dim
-  assert table_bytes > preflight.device_memory() > 0
+  if not table_bytes > preflight.device_memory() > 0:
+    pytest.skip(f'this machine reports {preflight.device_memory()} bytes per device: the table would fit')
   with pytest.raises(settings.ConfigError, match=r'^model: one device would hold \d+\.\d GiB \(parameters '):
     preflight.check(huge)
   with pytest.raises(settings.ConfigError, match=r'^model: one device would hold '):
