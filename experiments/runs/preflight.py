@@ -29,16 +29,25 @@ def check(experiment: Experiment) -> None:
   """ConfigError if tracing this run's initialisation or training step raises a ValueError, or if its state
   would not fit one device. `compare` checks every variant so before it starts any; the trainer traces its own
   step (`trainer.run_seeds`) and so needs no second trace here."""
-  task = TASKS[experiment.task.name](experiment.task)
-  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  task, model, state, _, _ = planned(experiment, jax.device_count())
   with refusing():
-    state = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
     batch = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                    task.batch(experiment.seed, 0, 'train', SAMPLE_BATCH))
     train_step = functools.partial(steps.train_step, model=model, task=task, experiment=experiment)
     jax.eval_shape(train_step, state, batch, jnp.uint32(experiment.seed))
-  _, memory = sharding.plan(experiment, model, task, state, jax.device_count())
+
+
+def planned(experiment: Experiment, device_count: int):
+  """(task, model, the abstract training state, its PartitionSpecs, bytes per device) of a run over
+  device_count devices, from shapes alone; ConfigError if tracing the initialisation raises a ValueError or if
+  one device could not hold the state."""
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  with refusing():
+    state = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+  specs, memory = sharding.plan(experiment, model, task, state, device_count)
   check_memory(memory)
+  return task, model, state, specs, memory
 
 
 @contextlib.contextmanager

@@ -11,15 +11,13 @@ from typing import Callable, Optional
 import jax
 from absl import logging
 
-import transformer
-from experiments.runs import preflight, sharding, steps
+from experiments.runs import preflight, steps
 from experiments.runs.evaluation import evaluate
 from experiments.runs.lifecycle import NonFiniteLoss, ReplicasOutOfStep, Runs, WorkdirBusy, WorkdirUnusable
 from experiments.runs.parallel import placement_for
 from experiments.runs.replicas import Replicas
 from experiments.runs.settings import Experiment, evaluation_width_cap
 from experiments.shared.signals import STOP
-from experiments.tasks import TASKS
 
 __all__ = ['run', 'run_seeds', 'NonFiniteLoss', 'ReplicasOutOfStep', 'WorkdirBusy', 'WorkdirUnusable']
 
@@ -73,12 +71,7 @@ def run_seeds(experiment: Experiment, workdirs: list[str], *, wrap_train_step: C
   have finished or stopped."""
   experiments = [dataclasses.replace(experiment, seed=experiment.seed + i) for i in range(len(workdirs))]
   replicas = Replicas([e.seed for e in experiments])
-  task = TASKS[experiment.task.name](experiment.task)
-  model = transformer.build_model(experiment.model, experiment.task.model_kind)
-  with preflight.refusing():
-    shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
-  specs, memory = sharding.plan(experiment, model, task, shapes, len(devices or jax.devices()))
-  preflight.check_memory(memory)
+  task, model, shapes, specs, memory = preflight.planned(experiment, len(devices or jax.devices()))
   placement = placement_for(experiment.parallel, devices, batch_axis=replicas.batch_axis, state_specs=specs)
   train_step = _traced_train_step(experiment, task, model, placement, replicas, shapes, wrap_train_step)
   with STOP.deferred() as stop, Runs(experiments, workdirs, stop) as runs:
