@@ -1,3 +1,4 @@
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -80,3 +81,21 @@ def test_feed_forward_matches_formula(activation, function):
 def test_feed_forward_rejects_unknown_activation():
   with pytest.raises(ValueError, match="activation: got 'swish'"):
     feed_forward(jnp.ones((1, 2)), jnp.ones((2, 3)), jnp.ones(3), jnp.ones((3, 2)), jnp.ones(2), 'swish')
+
+
+def test_a_parameter_of_another_shape_is_refused_with_its_name_path_and_both_shapes():
+  """Applying a model to parameters made for other sizes (a wider model's kernel, a longer learned table) fails
+  at the first such parameter instead of computing with it; one that is absent is refused too."""
+  import transformer as T  # pylint: disable=g-import-not-at-top
+  inputs = jnp.ones((1, 5), jnp.int32)
+  small = T.DecoderOnly(T.tiny_preset(T.PositionConfig(kind='learned', max_length=8)))
+  params = nn.meta.unbox(small.init(jax.random.PRNGKey(0), inputs))
+  longer = T.DecoderOnly(T.tiny_preset(T.PositionConfig(kind='learned', max_length=16)))
+  with pytest.raises(flax.errors.ScopeParamShapeError, match=r'"table" in "/decoder/position".*\(16, 32\).*\(8, 32\)'):
+    longer.apply(params, inputs)
+  wider_feed_forward = T.DecoderOnly(T.tiny_preset(T.PositionConfig(kind='learned', max_length=8), feed_forward_dim=96))
+  with pytest.raises(flax.errors.ScopeParamShapeError, match='"hidden_kernel" in "/decoder/layer_0/feed_forward"'):
+    wider_feed_forward.apply(params, inputs)
+  without_scale = {'params': {'bias': jnp.zeros(4)}}
+  with pytest.raises(flax.errors.ScopeParamNotFoundError, match='"scale"'):
+    LayerNorm().apply(without_scale, jnp.ones((2, 4)))

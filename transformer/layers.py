@@ -7,6 +7,7 @@ feed-forward network of Vaswani et al. 2017, section 3.3.
 from typing import Callable, Optional
 
 import chex
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,19 @@ def named_axes(init: Callable, axes: Optional[tuple]) -> Callable:
   """init, its parameter's axes named (Flax partitioning metadata: model.init returns the value boxed with
   its names, nn.meta.unbox gives the array); unchanged for axes None."""
   return init if axes is None else nn.with_logical_partitioning(init, axes)
+
+
+def parameter(module: nn.Module, name: str, init: Callable, shape: tuple[int, ...]) -> chex.Array:
+  """`module.param(name, init, shape)`, unboxed, with an existing parameter's shape compared with `shape`.
+
+  Flax checks an existing parameter by tracing its initializer (`jax.eval_shape`) at every application of
+  the module, eager or traced; the shape is known here, so the same check is a comparison."""
+  if not module.has_variable('params', name):
+    return module.param(name, init, shape)
+  value = nn.meta.unbox(module.get_variable('params', name))
+  if tuple(value.shape) != tuple(shape):
+    raise flax.errors.ScopeParamShapeError(name, module.scope.path_text, tuple(value.shape), tuple(shape))
+  return value
 
 
 ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
@@ -108,8 +122,8 @@ class Dense(nn.Module):
   @nn.compact
   def weights(self, in_features: int) -> tuple[chex.Array, Optional[chex.Array]]:
     """(W, b), b None without a bias: for a caller that fuses several projections into one matmul."""
-    weight = self.param('kernel', named_axes(self.kernel_init, self.axes), (in_features, self.features))
-    bias = self.param('bias', nn.initializers.zeros, (self.features,)) if self.use_bias else None
+    weight = parameter(self, 'kernel', named_axes(self.kernel_init, self.axes), (in_features, self.features))
+    bias = parameter(self, 'bias', nn.initializers.zeros, (self.features,)) if self.use_bias else None
     return weight, bias
 
   def __call__(self, x: chex.Array) -> chex.Array:
@@ -123,8 +137,8 @@ class Embed(nn.Module):
   features: int
 
   def setup(self):
-    self.embedding = self.param('embedding', named_axes(nn.initializers.normal(stddev=self.features ** -0.5),
-                                                        (VOCAB, EMBED)), (self.vocab_size, self.features))
+    init = named_axes(nn.initializers.normal(stddev=self.features ** -0.5), (VOCAB, EMBED))
+    self.embedding = parameter(self, 'embedding', init, (self.vocab_size, self.features))
 
   def __call__(self, ids: chex.Array) -> chex.Array:
     return embedding_lookup(self.embedding, ids)
@@ -139,8 +153,8 @@ class LayerNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: chex.Array) -> chex.Array:
-    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],))
-    offset = self.param('bias', nn.initializers.zeros, (x.shape[-1],))
+    scale = parameter(self, 'scale', nn.initializers.ones, (x.shape[-1],))
+    offset = parameter(self, 'bias', nn.initializers.zeros, (x.shape[-1],))
     return layer_norm(x, scale, offset, self.eps)
 
 
@@ -164,10 +178,10 @@ class FeedForward(nn.Module):
   def __call__(self, x: chex.Array, deterministic: bool = True) -> chex.Array:
     width = x.shape[-1]
     init = nn.initializers.xavier_uniform()
-    w1 = self.param('hidden_kernel', named_axes(init, (EMBED, MLP)), (width, self.hidden_features))
-    b1 = self.param('hidden_bias', nn.initializers.zeros, (self.hidden_features,))
-    w2 = self.param('output_kernel', named_axes(init, (MLP, EMBED)), (self.hidden_features, width))
-    b2 = self.param('output_bias', nn.initializers.zeros, (width,))
+    w1 = parameter(self, 'hidden_kernel', named_axes(init, (EMBED, MLP)), (width, self.hidden_features))
+    b1 = parameter(self, 'hidden_bias', nn.initializers.zeros, (self.hidden_features,))
+    w2 = parameter(self, 'output_kernel', named_axes(init, (MLP, EMBED)), (self.hidden_features, width))
+    b2 = parameter(self, 'output_bias', nn.initializers.zeros, (width,))
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     w1, b1, w2, b2 = (p.astype(x.dtype) for p in (w1, b1, w2, b2))
     return feed_forward(x, w1, b1, w2, b2, self.activation, self.dropout_rate, rng, deterministic)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from transformer.blocks import TransformerStack
 from transformer.config import ModelConfig
-from transformer.layers import EMBED, VOCAB, Dense, Embed, batch_split
+from transformer.layers import EMBED, VOCAB, Dense, Embed, batch_split, parameter
 
 
 def check_token_input(tokens, name: str) -> None:
@@ -137,7 +137,7 @@ class EncoderOnly(nn.Module):
     x_BxLxD = InputEmbedding(config, name='input')(inputs)
     uses_cls = config.pooling == 'cls'
     if uses_cls:
-      cls = self.param('cls', nn.initializers.normal(stddev=0.02), (config.model_dim,))
+      cls = parameter(self, 'cls', nn.initializers.normal(stddev=0.02), (config.model_dim,))
       x_BxLxD = jnp.concatenate([jnp.broadcast_to(cls, (x_BxLxD.shape[0], 1, config.model_dim)), x_BxLxD], 1)
       if valid_BxL is not None:
         valid_BxL = jnp.concatenate([jnp.ones_like(valid_BxL[:, :1]), valid_BxL], axis=1)

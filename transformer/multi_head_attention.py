@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from transformer import attention_core
 from transformer.attention import merge_heads, split_heads
 from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
-from transformer.layers import EMBED, HEADS, Dense, linear
+from transformer.layers import EMBED, HEADS, Dense, linear, parameter
 from transformer.positions.ssmax import keys_seen, scalable_query
 
 
@@ -110,7 +110,7 @@ class MultiHeadAttention(nn.Module):
 
   def _scalable_softmax(self, query_BxLqxHxK, mask: AttentionMask, key_length: int, initial: float):
     """The query times s_h log n_i (positions/ssmax.py), s_h this layer's, n_i counted from the mask."""
-    scale_H = self.param('ssmax_scale', nn.initializers.constant(initial), (self.num_heads,))
+    scale_H = parameter(self, 'ssmax_scale', nn.initializers.constant(initial), (self.num_heads,))
     batch, length_q = query_BxLqxHxK.shape[:2]
     seen = mask.mask
     if seen is None and mask.key_valid_BxLk is not None:

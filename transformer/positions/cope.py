@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 
 
@@ -67,8 +68,8 @@ class Cope(LayerPositions):
   """Owns the P position vectors of its layer and adds the interpolated q.e[p]."""
 
   def setup(self):
-    self.embeddings = self.param('position_embeddings', nn.initializers.zeros,
-                                 (self.head_dim, self.settings.max_positions))
+    self.embeddings = parameter(self, 'position_embeddings', nn.initializers.zeros,
+                                (self.head_dim, self.settings.max_positions))
 
   def needs_all_keys(self):
     return True

@@ -21,6 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 
 EPSILON = 1e-6  # added to psi(max(L, i)), as the reference code does
@@ -73,13 +74,13 @@ class FireLayer(LayerPositions):
   def setup(self):
     width = self.settings.fire_mlp_width
     # PyTorch's default initialisation of the reference's two nn.Linear: uniform in +-1/sqrt(fan-in).
-    self.hidden_kernel = self.param('hidden_kernel', _symmetric_uniform(1.0), (width,))
-    self.hidden_bias = self.param('hidden_bias', _symmetric_uniform(1.0), (width,))
-    self.output_kernel = self.param('output_kernel', _symmetric_uniform(width ** -0.5), (width, self.num_heads))
-    self.output_bias = self.param('output_bias', _symmetric_uniform(width ** -0.5), (self.num_heads,))
-    self.c = self.param('c', nn.initializers.constant(0.1), ())
+    self.hidden_kernel = parameter(self, 'hidden_kernel', _symmetric_uniform(1.0), (width,))
+    self.hidden_bias = parameter(self, 'hidden_bias', _symmetric_uniform(1.0), (width,))
+    self.output_kernel = parameter(self, 'output_kernel', _symmetric_uniform(width ** -0.5), (width, self.num_heads))
+    self.output_bias = parameter(self, 'output_bias', _symmetric_uniform(width ** -0.5), (self.num_heads,))
+    self.c = parameter(self, 'c', nn.initializers.constant(0.1), ())
     if self.settings.fire_learn_threshold:
-      self.threshold_multiplier = self.param('threshold_multiplier', nn.initializers.ones, ())
+      self.threshold_multiplier = parameter(self, 'threshold_multiplier', nn.initializers.ones, ())
 
   def threshold(self) -> chex.Array:
     if self.settings.fire_learn_threshold:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.flash_attention import KernelTerm
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 
 
@@ -74,8 +75,9 @@ class FoxLayer(LayerPositions):
       bias_init = lambda key, shape, dtype=jnp.float32: jnp.asarray(bias, dtype)  # noqa: E731
     else:
       bias_init = nn.initializers.zeros
-    weight = self.param('forget_gate_kernel', nn.initializers.normal(0.02), (inputs_BxLqxD.shape[-1], self.num_heads))
-    bias_H = self.param('forget_gate_bias', bias_init, (self.num_heads,))
+    weight = parameter(self, 'forget_gate_kernel', nn.initializers.normal(0.02),
+                       (inputs_BxLqxD.shape[-1], self.num_heads))
+    bias_H = parameter(self, 'forget_gate_bias', bias_init, (self.num_heads,))
     gate_logits_BxLqxH = inputs_BxLqxD.astype(jnp.float32) @ weight + bias_H
     log_forget_BxLqxH = jax.nn.log_sigmoid(gate_logits_BxLqxH)
     length_q = inputs_BxLqxD.shape[1]

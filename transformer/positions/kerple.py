@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.flash_attention import KernelTerm
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, StackPositions, Variant, relative_positions
 
 SMALLEST = 0.01  # the reference's clamp of r1 and r2
@@ -73,8 +74,8 @@ class _KerpleLayer(LayerPositions):
   elementwise = None  # log_kernel or power_kernel
 
   def setup(self):
-    self.r1 = self.param('r1', nn.initializers.uniform(self.r1_scale), (self.num_heads,))
-    self.r2 = self.param('r2', nn.initializers.uniform(self.r2_scale), (self.num_heads,))
+    self.r1 = parameter(self, 'r1', nn.initializers.uniform(self.r1_scale), (self.num_heads,))
+    self.r2 = parameter(self, 'r2', nn.initializers.uniform(self.r2_scale), (self.num_heads,))
 
   def clamped(self):
     return (straight_through_clip(self.r1, SMALLEST),

@@ -14,6 +14,7 @@ import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 
 
@@ -43,8 +44,8 @@ class Learned(StackPositions):
   """x + P[pos]."""
 
   def setup(self):
-    self.table = self.param('table', nn.initializers.normal(stddev=0.02),
-                            (self.settings.max_length, self.model_dim))
+    self.table = parameter(self, 'table', nn.initializers.normal(stddev=0.02),
+                           (self.settings.max_length, self.model_dim))
 
   def embed(self, x_BxLxD, positions_BxL):
     chex.assert_rank(positions_BxL, 2)

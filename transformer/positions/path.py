@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, StackPositions, Variant
 
 LOW_RANK = 32  # W_w = W_up W_down through this width, as flash-linear-attention's PaTH layer
@@ -127,10 +128,10 @@ class PathLayer(LayerPositions):
   def from_inputs(self, inputs_BxLqxD, shared, use_cache=False, cache_index=None):
     batch, length_q, width = inputs_BxLqxD.shape
     x = inputs_BxLqxD.astype(jnp.float32)
-    down = self.param('w_down', nn.initializers.xavier_uniform(), (width, LOW_RANK))
-    up = self.param('w_up', nn.initializers.xavier_uniform(), (LOW_RANK, self.num_heads * self.head_dim))
-    beta_kernel = self.param('beta_kernel', nn.initializers.xavier_uniform(), (width, self.num_heads))
-    beta_bias = self.param('beta_bias', nn.initializers.zeros, (self.num_heads,))
+    down = parameter(self, 'w_down', nn.initializers.xavier_uniform(), (width, LOW_RANK))
+    up = parameter(self, 'w_up', nn.initializers.xavier_uniform(), (LOW_RANK, self.num_heads * self.head_dim))
+    beta_kernel = parameter(self, 'beta_kernel', nn.initializers.xavier_uniform(), (width, self.num_heads))
+    beta_bias = parameter(self, 'beta_bias', nn.initializers.zeros, (self.num_heads,))
     w_BxLqxHxK = ((x @ down) @ up).reshape(batch, length_q, self.num_heads, self.head_dim)
     w_BxLqxHxK = w_BxLqxHxK * jax.lax.rsqrt(jnp.sum(w_BxLqxHxK ** 2, axis=-1, keepdims=True) + 1e-12)
     beta_BxLqxH = 2.0 * jax.nn.sigmoid(x @ beta_kernel + beta_bias)

@@ -26,6 +26,7 @@ import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 from transformer.positions.relative import (by_distance_to_by_key, by_key_to_by_distance, consecutive_or_gathered,
                                             contiguous_offset, distance_axis)
@@ -179,8 +180,8 @@ class Shaw(LayerPositions):
     heads = self.num_heads if self.settings.per_head else 1
     shape = (2 * self.settings.clip_distance + 1, heads, self.head_dim)
     init = nn.initializers.normal(stddev=self.head_dim ** -0.5)
-    self.key_table = self.param('key_table', init, shape)
-    self.value_table = self.param('value_table', init, shape)
+    self.key_table = parameter(self, 'key_table', init, shape)
+    self.value_table = parameter(self, 'value_table', init, shape)
 
   def per_head_table(self, table_RxHxK):
     return jnp.broadcast_to(table_RxHxK, (table_RxHxK.shape[0], self.num_heads, self.head_dim))

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer.flash_attention import KernelTerm
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions, require
 from transformer.positions.relative import (by_distance_to_by_key, consecutive_or_gathered, contiguous_offset,
                                             distance_axis)
@@ -113,8 +114,8 @@ def t5_kernel_term(table_RxH: chex.Array, *, bidirectional: bool, max_distance: 
 
 
 def _bias_table(module: nn.Module):
-  return module.param('relative_bias', nn.initializers.normal(stddev=0.02),
-                      (module.settings.num_buckets, module.num_heads))
+  return parameter(module, 'relative_bias', nn.initializers.normal(stddev=0.02),
+                   (module.settings.num_buckets, module.num_heads))
 
 
 def _bias(module: nn.Module, table, q_positions, k_positions):

@@ -22,6 +22,7 @@ import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
+from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 from transformer.positions.relative import (by_distance_to_by_key, consecutive_or_gathered, contiguous_offset,
                                             distance_axis)
@@ -79,7 +80,7 @@ def position_term_any(query_plus_v_BxLqxHxK, projection_DxHxK, q_positions_BxLq,
 def _biases(module: nn.Module):
   initializer = nn.initializers.normal(stddev=0.02)
   shape = (module.num_heads, module.head_dim)
-  return module.param('content_bias', initializer, shape), module.param('position_bias', initializer, shape)
+  return parameter(module, 'content_bias', initializer, shape), parameter(module, 'position_bias', initializer, shape)
 
 
 class TransformerXLStack(StackPositions):
@@ -101,8 +102,8 @@ class TransformerXLLayer(LayerPositions):
   """Owns W_R (and, without sharing, its own u and v); adds the content and position terms."""
 
   def setup(self):
-    self.projection = self.param('relative_projection', nn.initializers.xavier_uniform(),
-                                 (self.model_dim, self.num_heads * self.head_dim))
+    self.projection = parameter(self, 'relative_projection', nn.initializers.xavier_uniform(),
+                                (self.model_dim, self.num_heads * self.head_dim))
     if not self.settings.shared_across_layers:
       self.content_bias, self.position_bias = _biases(self)
 

@@ -18,7 +18,7 @@ import chex
 import flax.linen as nn
 import jax.numpy as jnp
 
-from transformer.layers import layer_norm
+from transformer.layers import layer_norm, parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 from transformer.positions.learned import check_length_fits
 from transformer.positions.sinusoidal import sinusoidal_encoding
@@ -72,16 +72,16 @@ class TupeStack(StackPositions):
 
   def setup(self):
     if self.settings.absolute_table == 'learned':
-      self.table = self.param('table', nn.initializers.normal(stddev=0.02),
-                              (self.settings.max_length, self.model_dim))
-    self.norm_scale = self.param('norm_scale', nn.initializers.ones, (self.model_dim,))
-    self.norm_offset = self.param('norm_offset', nn.initializers.zeros, (self.model_dim,))
+      self.table = parameter(self, 'table', nn.initializers.normal(stddev=0.02),
+                             (self.settings.max_length, self.model_dim))
+    self.norm_scale = parameter(self, 'norm_scale', nn.initializers.ones, (self.model_dim,))
+    self.norm_offset = parameter(self, 'norm_offset', nn.initializers.zeros, (self.model_dim,))
     init = nn.initializers.variance_scaling(1.0, 'fan_in', 'normal', in_axis=0, out_axis=(1, 2))
     shape = (self.model_dim, self.num_heads, self.head_dim)
-    self.query_projection = self.param('query_projection', init, shape)
-    self.key_projection = self.param('key_projection', init, shape)
+    self.query_projection = parameter(self, 'query_projection', init, shape)
+    self.key_projection = parameter(self, 'key_projection', init, shape)
     if self._resets_cls:
-      self.cls_theta = self.param('cls_theta', nn.initializers.zeros, (2, self.num_heads))
+      self.cls_theta = parameter(self, 'cls_theta', nn.initializers.zeros, (2, self.num_heads))
 
   @property
   def _resets_cls(self) -> bool:
