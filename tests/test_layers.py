@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import Embed, FeedForward, LayerNorm, dropout, embedding_lookup, feed_forward, layer_norm, linear
+from transformer import (DecoderOnly, Embed, FeedForward, LayerNorm, PositionConfig, dropout, embedding_lookup,
+                         feed_forward, layer_norm, linear, tiny_preset)
 
 
 def test_linear_is_x_w_plus_b():
@@ -86,14 +87,13 @@ def test_feed_forward_rejects_unknown_activation():
 def test_a_parameter_of_another_shape_is_refused_with_its_name_path_and_both_shapes():
   """Applying a model to parameters made for other sizes (a wider model's kernel, a longer learned table) fails
   at the first such parameter instead of computing with it; one that is absent is refused too."""
-  import transformer as T  # pylint: disable=g-import-not-at-top
   inputs = jnp.ones((1, 5), jnp.int32)
-  small = T.DecoderOnly(T.tiny_preset(T.PositionConfig(kind='learned', max_length=8)))
+  small = DecoderOnly(tiny_preset(PositionConfig(kind='learned', max_length=8)))
   params = nn.meta.unbox(small.init(jax.random.PRNGKey(0), inputs))
-  longer = T.DecoderOnly(T.tiny_preset(T.PositionConfig(kind='learned', max_length=16)))
+  longer = DecoderOnly(tiny_preset(PositionConfig(kind='learned', max_length=16)))
   with pytest.raises(flax.errors.ScopeParamShapeError, match=r'"table" in "/decoder/position".*\(16, 32\).*\(8, 32\)'):
     longer.apply(params, inputs)
-  wider_feed_forward = T.DecoderOnly(T.tiny_preset(T.PositionConfig(kind='learned', max_length=8), feed_forward_dim=96))
+  wider_feed_forward = DecoderOnly(tiny_preset(PositionConfig(kind='learned', max_length=8), feed_forward_dim=96))
   with pytest.raises(flax.errors.ScopeParamShapeError, match='"hidden_kernel" in "/decoder/layer_0/feed_forward"'):
     wider_feed_forward.apply(params, inputs)
   without_scale = {'params': {'bias': jnp.zeros(4)}}
