@@ -403,13 +403,16 @@ def test_packed_documents_score_as_each_document_alone(kind, implementation):
   config = tiny(kind, num_decoder_layers=1, attention_implementation=implementation, attention_block_size=2,
                 attention_key_block_size=2 if implementation == 'blockwise' else 0)
   model = T.DecoderOnly(config)
+  dense = T.DecoderOnly(tiny(kind, num_decoder_layers=1))  # the same parameters, attention without blocks
   x, positions, segments = _packed_row(lengths)
-  params = random_positions(init(model, x))
-  packed = jax.jit(functools.partial(model.apply, params))(x, positions_BxL=positions, segments_BxL=segments)
+  params = random_positions(init(dense, x))
+  apply = jax.jit(functools.partial(model.apply, params))
+  packed = apply(x, positions_BxL=positions, segments_BxL=segments)
   (length,), starts = set(lengths), np.cumsum((0,) + lengths[:-1])
-  documents_alone = model.apply(params, jnp.concatenate([x[:, start:start + length] for start in starts]))
+  documents_alone = dense.apply(params, jnp.concatenate([x[:, start:start + length] for start in starts]))
   for index, start in enumerate(starts):
     np.testing.assert_allclose(packed[:, start:start + length], documents_alone[index * len(x):(index + 1) * len(x)],
                                atol=2e-5, rtol=2e-5, err_msg=f'document {index}')
-  unpacked = model.apply(params, x)
+  one_document = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape)
+  unpacked = apply(x, positions_BxL=one_document, segments_BxL=jnp.zeros_like(segments))
   assert not np.allclose(packed[:, 3:], unpacked[:, 3:], atol=1e-3)  # packing changed what later documents see
