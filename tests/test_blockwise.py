@@ -142,10 +142,12 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
     np.testing.assert_allclose(a, b, atol=5e-5, rtol=1e-4)  # float32, another summation order
   calls.clear()
   dense_outputs = dense.apply(params, *decoder_args)
-  for block_size, key_block_size in ((3, 2), (1, 0), (2, 5), (6, 1)):
-    key_blocks = T.DecoderOnly(tiny(kind, attention_block_size=block_size, attention_key_block_size=key_block_size,
-                                    **one_layer))
-    np.testing.assert_allclose(jax.jit(key_blocks.apply)(params, *decoder_args), dense_outputs, atol=2e-5, rtol=1e-5,
+  block_sizes = ((3, 2), (1, 0), (2, 5), (6, 1))
+  models = [T.DecoderOnly(tiny(kind, attention_block_size=block_size, attention_key_block_size=key_block_size,
+                               **one_layer)) for block_size, key_block_size in block_sizes]
+  outputs = jax.jit(lambda p, *args: [model.apply(p, *args) for model in models])(params, *decoder_args)
+  for (block_size, key_block_size), blocked_outputs in zip(block_sizes, outputs):
+    np.testing.assert_allclose(blocked_outputs, dense_outputs, atol=2e-5, rtol=1e-5,
                                err_msg=f'blocks of {block_size}, key blocks of {key_block_size}')
   assert len(calls) == 4
 

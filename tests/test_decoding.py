@@ -41,7 +41,7 @@ def test_greedy_decoding_of_a_trained_copy_model_reproduces_its_inputs(tmp_path)
   # The command-line report (decoding.exact_match per length) says the same, from the run directory alone.
   result = command_server.run([sys.executable, '-m', 'experiments.exact_match', f'--workdir={tmp_path}',
                                '--lengths=1-4',
-                               '--examples=32'], capture_output=True, text=True, check=True)
+                               '--examples=64'], capture_output=True, text=True, check=True)
   assert 'mean' in result.stdout
   report = json.loads((tmp_path / 'greedy_exact_match.json').read_text())
   assert report['exact_match'] == {'1': 1.0, '2': 1.0, '3': 1.0, '4': 1.0}
