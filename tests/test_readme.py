@@ -54,52 +54,6 @@ def test_links_between_the_docs_point_at_files_and_headings_that_exist():
               f'{path.name} links to {target}#{anchor}, a heading {target} does not have'
 
 
-CHECK_COMMANDS = '''
-import json
-import os
-import sys
-module, commands, preload = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-import importlib
-# The slow imports once, the project's library modules among them; each command then parses in a fork of its
-# own, where its module defines its flags (ml_collections' config flags read their overrides from sys.argv when
-# they are defined).
-import jax
-import flax.linen
-import orbax.checkpoint
-import scipy.stats
-from absl import flags
-from experiments.runs import settings
-from experiments.shared import cli
-for name in preload:
-  importlib.import_module(name)
-
-
-def check(arguments):
-  sys.argv = [module] + arguments
-  importlib.import_module(module)
-  cli.parse_flags([module] + arguments)
-  if 'config' in flags.FLAGS:
-    settings.from_config_dict(flags.FLAGS.config, jax.device_count())
-
-
-failed = []
-for arguments in commands:
-  child = os.fork()
-  if child == 0:
-    try:
-      check(arguments)
-    except BaseException as error:  # cli.parse_flags exits with its one line on stderr
-      print(f'{type(error).__name__}: {error}', file=sys.stderr)
-      os._exit(1)
-    os._exit(0)
-  _, status = os.waitpid(child, 0)
-  if status != 0:
-    failed.append(' '.join(arguments))
-if failed:
-  sys.exit('failed: ' + '\\n'.join(failed))
-'''
-
-
 def _module(command: list) -> tuple:
   """The module a documented command runs, and its arguments (the benchmark's first argument names one)."""
   module, arguments = command[0], command[1:]
@@ -151,11 +105,9 @@ def test_every_documented_command_parses_and_its_config_validates(module, tmp_pa
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     commands = [[argument.replace(USER_CORPUS, str(tmp_path / 'corpus')) for argument in command]
                 for command in commands]
-  result = subprocess.run([sys.executable, '-c', CHECK_COMMANDS, module, json.dumps(commands),
-                           json.dumps(command_server.PRELOAD_PROJECT)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, JAX_PLATFORMS='cpu',
-                                   XLA_FLAGS=xla_flags(1)))
+  result = command_server.run([sys.executable, '-m', 'tests.documented_commands', module, json.dumps(commands)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              env=dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=xla_flags(1)))
   assert result.returncode == 0, f'{len(commands)} commands of {module}:\n{result.stderr[-3000:]}'
 
 
