@@ -1,4 +1,4 @@
-"""Finished language-model runs evaluated at any lengths, as trained or with a context extension of RoPE.
+"""Finished runs evaluated at any lengths, as trained or with a context extension of RoPE.
 
   python -m experiments.evaluate --workdir=runs/shakespeare/rope-seed0 --lengths=128,256,512,1024,2048 \
       --extension=none,pi,ntk,dynamic_ntk,yarn,llama3 --factor=16 [--protocol=sliding --stride=0.5] \
@@ -18,6 +18,15 @@ the original one; required for them), while dynamic_ntk computes its own. --rope
 longrope the factors of a Hugging Face config (its rope_scaling; experiments/runs/rope_scaling.py).
 --position sets other variants' analogues (interpolation_factor of sinusoidal and learned tables, the
 NoPE temperature of Llama 4) on every run.
+
+  python -m experiments.evaluate --workdir=runs/copy/rope-seed0,runs/copy/rope-seed1 --lengths=16,32,64 \
+      --extension=none,yarn --factor=4 [--output=runs/copy-extension]
+
+A run of a task that draws its own problems (copy, reverse, sort, addition, ...) has no stream: it is
+scored at each length on the trainer's own evaluation batches (its seed, eval_batches of batch_size
+problems; experiments/runs/task_lengths.py), so the run as trained gives its metrics.jsonl numbers, and
+the table shows the task's headline metric (token accuracy). --protocol, --stride and --tokens are refused
+for such runs.
 
   python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=128,256,512,1024 \
       --depths=0,0.25,0.5,0.75,1 --trials=20 [--probe_filler=classic] [--extension=yarn --factor=8]
@@ -39,12 +48,14 @@ from absl import flags
 
 import transformer
 from experiments.runs import (checkpoints, length_table, long_context, probe_grid, probes, rope_scaling, run_record,
-                              windows)
+                              task_lengths, windows)
 from experiments.shared import cli
 from transformer.positions.extension import ExtensionSettings, METHODS
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of a language model.')
-_LENGTHS = flags.DEFINE_string('lengths', None, 'Comma-separated window lengths (default: the run\'s eval_lengths).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of one task: a language '
+                               'model, or a task that draws its own problems (copy, ...).')
+_LENGTHS = flags.DEFINE_string('lengths', None, 'Comma-separated window lengths, or a task\'s problem lengths '
+                               '(default: the run\'s eval_lengths).')
 _EXTENSION = flags.DEFINE_string('extension', 'none', f'Comma-separated methods among: {", ".join(METHODS)}.')
 _FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn, llama3 and longrope (required with '
                              'them).')
@@ -108,19 +119,14 @@ def _collect(lengths: list[int]):
   evaluations, protocols, trained = [], set(), None
   for directory in (d for d in _COLLECT.value.split(',') if d):
     description, results = long_context.read_evaluation(directory, lengths)
-    protocols.add((description['protocol'], description['stride_fraction'], description['tokens']))
+    protocols.add(long_context.protocol_of(description))
     trained = trained or description['trained_length']
     evaluations.append((directory, description, results))
   if len(protocols) > 1:
     raise ValueError(f'--collect: the directories were evaluated under different protocols {sorted(protocols)} '
-                     '(protocol, stride, tokens); valid: evaluations of one protocol, comparable token for token')
-  return length_table.group(evaluations), trained, _protocol_text(*protocols.pop())
-
-
-def _protocol_text(protocol: str, stride_fraction: float, tokens: int) -> str:
-  windows_text = 'non-overlapping windows' if protocol == 'windows' else (
-      f'sliding windows, stride {stride_fraction:g} of the length')
-  return f'{windows_text}, the first {tokens} tokens'
+                     '(protocol, stride, tokens; or a task\'s batches and their size); valid: evaluations of one '
+                     'protocol, comparable token for token')
+  return length_table.group(evaluations), trained, long_context.protocol_text(protocols.pop())
 
 
 def _lengths(text: str, minimum: int) -> list[int]:
@@ -152,12 +158,22 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
       raise ValueError(f'--workdir: {workdir} was trained on {data[workdir][0]} {data[workdir][1] or ""} and '
                        f'{workdirs[0]} on {data[workdirs[0]][0]} {data[workdirs[0]][1] or ""}; valid: runs of one task '
                        f'and data, so that one held-out stream scores them all')
+    if not task_lengths.reads_stream(task):
+      for name in ('protocol', 'stride', 'tokens'):
+        if flags.FLAGS[name].present:
+          raise ValueError(f'--{name}: set for {workdir}, a {task.settings.name} run; valid: only for language models '
+                           'scored over a held-out stream (a task run is scored on the trainer\'s own evaluation '
+                           'batches)')
     rotary = issubclass(transformer.VARIANTS[kind].settings, ExtensionSettings)
     for request in requests:
       if request.method != 'none' and not rotary:
         print(f'{workdir}: {kind} is not rotary; --extension={request.method} skipped for it', flush=True)
         continue
       prepared.append(long_context.prepare_evaluation(workdir, lengths, request, _NAME.value))
+  protocols = sorted({long_context.protocol_of(evaluation.description) for evaluation in prepared})
+  if len(protocols) > 1:
+    raise ValueError(f'--workdir: the runs would be scored under different protocols {protocols} (a task\'s '
+                     'evaluation batches and their size come from each run); valid: runs scored alike')
   directories = [os.path.abspath(evaluation.directory) for evaluation in prepared]
   repeated = sorted({d for d in directories if directories.count(d) > 1})
   if repeated:
@@ -245,9 +261,9 @@ def main(argv):
     if _PROBE.value != 'none':
       _probe(workdirs, lengths, requests)
       return
-    protocol = _protocol_text(_PROTOCOL.value, _STRIDE.value, _TOKENS.value)
     prepared, evaluations = _prepare(workdirs, lengths, requests), []
     length_table.group((e.directory, e.description, {}) for e in prepared)  # the table's refusals, before any run
+    protocol = long_context.protocol_text(long_context.protocol_of(prepared[0].description)) if prepared else ''
     for evaluation in prepared:
       directory, results = long_context.run_evaluation(evaluation, log=lambda line: print(line, flush=True))
       length_table.write(directory, length_table.group([(directory, evaluation.description, results)]), lengths,

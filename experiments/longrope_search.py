@@ -10,6 +10,15 @@ original length times --factor), over non-overlapping windows of the last --toke
 stream. The search never reads the first half of that stream, where experiments.evaluate scores (its
 --tokens counts from the start), so the factors are not chosen on the text they are reported on.
 
+For a run of a task that draws its own problems (copy, reverse, ...), a candidate's score is the runs' mean
+cross-entropy on problems of --length (default: the original length times --factor) from --batches
+evaluation batches of each run's seed (default: as many as the trainer evaluates on), drawn after the
+trainer's own evaluation batches, which experiments.evaluate scores: again the factors are not chosen on
+the problems they are reported on.
+
+  python -m experiments.longrope_search --workdir=runs/copy/rope-seed0,runs/copy/rope-seed1 --factor=4 \
+      --output=runs/longrope-copy-x4 [--batches=8]
+
 --output (a new directory) gets search.jsonl, every candidate as it is scored (its generation, origin and
 score), and at the end config.json: a Hugging Face config whose rope_scaling is LongRoPE's (the long
 factors found, short factors 1: RoPE as trained up to the original length), with what was searched under
@@ -36,7 +45,9 @@ _FACTOR = flags.DEFINE_float('factor', None, 'The factor s > 1: the length serve
 _LENGTH = flags.DEFINE_integer('length', None, 'The window length scored (default: the original length times '
                                '--factor).')
 _TOKENS = flags.DEFINE_integer('tokens', 16384, 'Score the last this many tokens of the held-out stream (at most '
-                               'half of it).')
+                               'half of it; language models).')
+_BATCHES = flags.DEFINE_integer('batches', None, 'A task run: score this many evaluation batches per run, after the '
+                                'trainer\'s own (default: as many as the trainer evaluates on).')
 _POPULATION = flags.DEFINE_integer('population', 16, 'Candidates per generation.')
 _GENERATIONS = flags.DEFINE_integer('generations', 6, 'Generations after the first population.')
 _MUTATION_RATE = flags.DEFINE_float('mutation_rate', 0.3, 'The chance that a factor of a child is mutated.')
@@ -44,6 +55,13 @@ _MUTATION_SCALE = flags.DEFINE_float('mutation_scale', 0.1, 'The standard deviat
 _SEED = flags.DEFINE_integer('seed', 0, 'The search\'s random seed.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
 _OUTPUT = flags.DEFINE_string('output', None, 'A new directory for search.jsonl and config.json.')
+
+
+def _scored_on(problem: factor_search.Problem) -> dict:
+  if problem.text is None:
+    return dict(seeds=list(problem.seeds), batches=problem.batches, first_batch=problem.first_batch,
+                batch_size=problem.batch_size)
+  return dict(tokens=len(problem.text), first_token=problem.first_token)
 
 
 def main(argv):
@@ -60,7 +78,10 @@ def main(argv):
     settings.check()
     factor = _FACTOR.value
     workdirs = [w for w in _WORKDIR.value.split(',') if w]
-    problem = factor_search.pose_problem(workdirs, factor, _LENGTH.value, _TOKENS.value)
+    problem = factor_search.pose_problem(workdirs, factor, _LENGTH.value, _TOKENS.value, _BATCHES.value)
+    if problem.text is None and flags.FLAGS['tokens'].present:
+      raise ValueError(f'--tokens: set for a {problem.task.settings.name} run; valid: only for language models (a task '
+                       'run is scored on --batches of its own problems)')
     starts = factor_search.method_starts(problem, factor)
     params = [checkpoints.restore_params(w, step) for w, step in zip(problem.workdirs, problem.steps)]
     os.makedirs(_OUTPUT.value, exist_ok=True)
@@ -83,8 +104,8 @@ def main(argv):
       rope_scaling=dict(rope_type='longrope', short_factor=[1.0] * len(best.factors), long_factor=list(best.factors)),
       original_max_position_embeddings=problem.original_length,
       longrope_search=dict(runs=[os.path.abspath(w) for w in problem.workdirs], checkpoint_steps=list(problem.steps),
-                           factor=factor, length=problem.length, tokens=len(problem.text),
-                           first_token=problem.first_token, score=best.score, origin=best.origin,
+                           factor=factor, length=problem.length, **_scored_on(problem), score=best.score,
+                           origin=best.origin,
                            generation=best.generation, start_scores=by_start, candidates=len(ranked),
                            settings=dataclasses.asdict(settings))))
   rope_scaling.longrope_overrides(config_path)  # what evaluate will read: the file must read back

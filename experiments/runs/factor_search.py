@@ -1,6 +1,7 @@
 """LongRoPE's evolutionary search for per-pair rescale factors (Ding et al. 2024, section 3.2), with any
 score to minimise; experiments/longrope_search.py scores a candidate by the runs' bits per character at the
-target length.
+target length (a language model), or by their cross-entropy on problems of the target length drawn after
+the trainer's evaluation batches (a task that draws its own problems, such as copy).
 
 A candidate is lambda_1 .. lambda_P: pair p's frequency is divided by lambda_p (rope_extension=longrope,
 transformer/positions/extension.py). The paper's search space: lambda_p in [1, 1.25 s] on a grid of 0.01,
@@ -14,12 +15,12 @@ to the grid, made non-decreasing by a running maximum). No candidate is scored t
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 import transformer
-from experiments.runs import checkpoints, lineage, long_context, run_record
+from experiments.runs import checkpoints, lineage, long_context, run_record, settings as run_settings, task_lengths
 from transformer.positions.extension import ExtensionSettings, extended_frequencies
 from transformer.positions.rope import RotaryLayer
 
@@ -157,14 +158,19 @@ class Problem:
   steps: tuple                     # each run's newest intact checkpoint
   original_length: int
   length: int
-  text: np.ndarray                 # the last --tokens tokens of the held-out stream
+  text: Optional[np.ndarray]       # a language model: the last --tokens tokens of the held-out stream; else None
   first_token: int                 # where they start in it
+  seeds: tuple = ()                # a task run: each run's seed, which draws its problems
+  batches: int = 0                 # the evaluation batches scored per run, from first_batch on
+  first_batch: int = 0             # the trainer's own evaluation batches end here: the search never reads them
+  batch_size: int = 0
 
 
-def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
-  """The runs (one configuration, each seed once, of a rotary variant, a language model), the factor s > 1,
-  the length scored (None: the original length times s) and the held-out stream's last `tokens` (at most
-  half of it); a ValueError names the flag and what would be valid."""
+def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Optional[int] = None) -> Problem:
+  """The runs (one configuration, each seed once, of a rotary variant), the factor s > 1, the length scored
+  (None: the original length times s), and what is scored: a language model's held-out stream's last
+  `tokens` (at most half of it), or a task run's `batches` evaluation batches after the trainer's own
+  (None: as many as the trainer's); a ValueError names the flag and what would be valid."""
   lineages = [lineage.of_run(workdir) for workdir in workdirs]
   for workdir, other in zip(workdirs[1:], lineages[1:]):
     if other.configuration != lineages[0].configuration:
@@ -176,9 +182,6 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
   if len(set(seeds)) < len(seeds):
     raise ValueError(f'--workdir: the runs\' seeds {seeds} repeat; valid: each seed once')
   config, task = checkpoints.run_model(workdirs[0])
-  if not hasattr(task, 'stream') or task.settings.model_kind != 'decoder_only':
-    raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
-                     f'language model run (shakespeare, corpus)')
   settings = config.position.settings
   if config.position.kind not in ROTARY or not isinstance(settings, ExtensionSettings):
     raise ValueError(f'--workdir: a {config.position.kind} run; valid: runs of {", ".join(ROTARY)}')
@@ -187,13 +190,26 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int) -> Problem:
   resolved = run_record.stored_config(workdirs[0])
   original = settings.original_length or int(resolved['task']['max_length'])
   length = length or int(round(original * factor))
+  steps = tuple(checkpoints.newest_intact_step(workdir) for workdir in workdirs)
+  if not task_lengths.reads_stream(task):
+    trained_batches = int(resolved['task']['eval_batches'])
+    batches = trained_batches if batches is None else batches
+    if batches < 1:
+      raise ValueError(f'--batches: got {batches}; valid: a positive number of evaluation batches')
+    if length < 1:
+      raise ValueError(f'--length: got {length}; valid: a positive problem length')
+    return Problem(tuple(workdirs), config, resolved, task, steps, original, length, None, 0,
+                   seeds=tuple(int(run_record.stored_config(w)['seed']) for w in workdirs), batches=batches,
+                   first_batch=trained_batches, batch_size=int(resolved['train']['batch_size']))
+  if batches is not None:
+    raise ValueError(f'--batches: got {batches} for a {task.settings.name} run; valid: only for a task that draws its '
+                     'own problems (a language model is scored on --tokens of its held-out stream)')
   stream = task.stream('eval')
   if not 0 < tokens <= len(stream) // 2:
     raise ValueError(f'--tokens: got {tokens}; valid: 1 to {len(stream) // 2}, half the held-out stream (the search '
                      f'reads its end, evaluations its start)')
   if not 2 <= length <= tokens:
     raise ValueError(f'--length: got {length}; valid: 2 to --tokens ({tokens})')
-  steps = tuple(checkpoints.newest_intact_step(workdir) for workdir in workdirs)
   return Problem(tuple(workdirs), config, resolved, task, steps, original, length,
                  np.asarray(stream[len(stream) - tokens:]), len(stream) - tokens)
 
@@ -202,7 +218,8 @@ def request(problem: Problem, factor: float, factors: tuple, batch_size: int = 8
   """longrope at s with these long factors and short factors of 1, over non-overlapping windows of the text."""
   ones = ' '.join('1.0' for _ in factors)
   return long_context.Request(
-      method='longrope', factor=factor, protocol='windows', stride_fraction=0.5, tokens=len(problem.text),
+      method='longrope', factor=factor, protocol='windows', stride_fraction=0.5,
+      tokens=0 if problem.text is None else len(problem.text),  # a task run reads its batches, not a stream
       batch_size=batch_size,
       position_overrides=(('longrope_short_factors', ones), ('longrope_long_factors', ' '.join(map(repr, factors)))))
 
@@ -220,11 +237,19 @@ def method_starts(problem: Problem, factor: float) -> dict:
 
 
 def scorer(problem: Problem, factor: float, params: list, batch_size: int = 8):
-  """factors -> the runs' mean bits per character (per byte for a corpus) at the length."""
+  """factors -> the runs' mean bits per character (per byte for a corpus) at the length; for a task run, their
+  mean cross-entropy on the problems of the search's batches."""
 
   def score(factors: tuple) -> float:
     scored = request(problem, factor, factors, batch_size)
     config, _ = long_context.extended_config(problem.config, problem.resolved, scored)
+    if problem.text is None:
+      kind = problem.task.settings.model_kind
+      sums = task_lengths.sums_function(transformer.build_model(config, kind), problem.task)
+      records = [task_lengths.evaluate_length(sums, run_params, problem.task, seed, problem.length, problem.batch_size,
+                                              problem.batches, problem.first_batch, run_settings.width_cap(config, kind))
+                 for run_params, seed in zip(params, problem.seeds)]
+      return float(np.mean([record['cross_entropy'] for record in records]))
     bits = long_context.bits_function(transformer.build_model(config, 'decoder_only'))
     records = [long_context.evaluate_length(bits, run_params, problem.text, problem.task.bos, problem.length, scored,
                                             getattr(problem.task, 'token_bytes', None),

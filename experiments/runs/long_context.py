@@ -1,15 +1,18 @@
-"""A finished run evaluated at any lengths, with or without a context extension, on a held-out stream
-(windows.py says which window scores which token). What experiments/evaluate.py runs.
+"""A finished run evaluated at any lengths, with or without a context extension: a language model on its
+held-out stream (windows.py says which window scores which token), a task that draws its own problems
+(copy, reverse, ...) on its evaluation batches (task_lengths.py). What experiments/evaluate.py runs.
 
 Each (run, extension) writes RUN/evaluations/NAME/: evaluation.json (what was evaluated: the method
 and its settings, the original length read from the run, the checkpoint's step, the protocol) and
 results.jsonl, one line per length, appended once that length is done: bits per character over the
 scored tokens (a corpus run: bits per byte, and per token), and the bits at each window position averaged
-over every window (the curve that shows where a model breaks down). A directory that describes another evaluation is refused, never rewritten;
+over every window (the curve that shows where a model breaks down); for a task run, the task's metrics
+(the trainer's, on the same batches) and which of them a table shows. A directory that describes another evaluation is refused, never rewritten;
 one that describes this one is resumed (lengths already there are kept, not recomputed).
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -23,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import transformer
-from experiments.runs import checkpoints, run_record, windows
+from experiments.runs import checkpoints, run_record, settings as run_settings, task_lengths, windows
 from experiments.runs.metrics import whole_lines
 from experiments.shared.files import append_line_durably, write_json_atomically, write_text_atomically
 from transformer.positions.extension import ExtensionSettings, METHODS
@@ -50,10 +53,14 @@ def override_text(value) -> str:
   return text if len(text) <= 24 and ' ' not in text else 'sha' + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def default_name(request: Request) -> str:
+def default_name(request: Request, task_batches: Optional[tuple] = None) -> str:
+  """method, factor, overrides, then how it was scored: the protocol and tokens of a stream, or a task's
+  (evaluation batches, batch size), e.g. yarn-x4-sliding0.5-600 or yarn-x4-batches4x32."""
   factor = '' if request.method in ('none', 'dynamic_ntk') else f'-x{request.factor:g}'
-  protocol = request.protocol if request.protocol == 'windows' else f'sliding{request.stride_fraction:g}'
   settings = ''.join(f'-{field}{override_text(value)}' for field, value in request.position_overrides)
+  if task_batches is not None:
+    return f'{request.method}{factor}{settings}-batches{task_batches[0]}x{task_batches[1]}'
+  protocol = request.protocol if request.protocol == 'windows' else f'sliding{request.stride_fraction:g}'
   return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'
 
 
@@ -152,8 +159,15 @@ METRIC_LABELS = {'bits_per_character': 'bits per character', 'bits_per_byte': 'b
 
 
 def record_metric(record: dict) -> str:
-  """The score a results line holds: bits_per_byte for a corpus (tokens of several bytes), else bits_per_character."""
+  """The score a results line holds: a task run's headline metric; bits_per_byte for a corpus (tokens of
+  several bytes); else bits_per_character."""
+  if 'headline' in record:
+    return record['headline']
   return 'bits_per_byte' if 'bits_per_byte' in record else 'bits_per_character'
+
+
+def metric_label(metric: str) -> str:
+  return METRIC_LABELS.get(metric, metric.replace('_', ' '))
 
 
 def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length: int, request: Request,
@@ -197,6 +211,22 @@ def position_bands(length: int, trained: int) -> list[tuple[int, int]]:
   return bands
 
 
+def protocol_of(description: dict) -> tuple:
+  """What decides which tokens an evaluation scored: (protocol, stride, tokens) over a stream, or ('task',
+  evaluation batches, batch size) for a task run's own problems. Evaluations compare only under one."""
+  if description['protocol'] == 'task':
+    return 'task', description['eval_batches'], description['eval_batch_size']
+  return description['protocol'], description['stride_fraction'], description['tokens']
+
+
+def protocol_text(protocol: tuple) -> str:
+  kind, first, second = protocol
+  if kind == 'task':
+    return f'the trainer\'s {first} evaluation batches of {second} problems, drawn from each run\'s seed'
+  windows_text = 'non-overlapping windows' if kind == 'windows' else f'sliding windows, stride {first:g} of the length'
+  return f'{windows_text}, the first {second} tokens'
+
+
 def _read_results(path: str) -> dict:
   """Results by length. A torn last line (an evaluation killed while appending) is dropped with a warning
   and cut from the file, so the next length appends after whole lines; damage before the end is refused
@@ -233,27 +263,20 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   if resolved is None:
     raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
   config, task = checkpoints.run_model(workdir)
-  if not hasattr(task, 'stream') or task.settings.model_kind != 'decoder_only':
-    raise ValueError(f'--workdir: task {task.settings.name!r} has no held-out text stream; valid: a decoder-only '
-                     f'language model run (shakespeare, corpus)')
+  streamed = task_lengths.reads_stream(task)
   step = checkpoints.newest_intact_step(workdir)
   if request.method not in METHODS:
     raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
   config, original = extended_config(config, resolved, request)
+  longest = max(lengths) if streamed else task.sequence_length(max(lengths))  # a task's problems hold more tokens
   try:
-    config.position.settings.check_positions(max(lengths) - 1)
+    config.position.settings.check_positions(longest - 1)
   except ValueError as error:
     raise ValueError(f'--lengths: {max(lengths)} for this {config.position.kind} run: {error}') from None
   rows = config.position.settings.longest_sequence()
-  if rows is not None and max(lengths) > rows:
-    raise ValueError(f'--lengths: {max(lengths)} exceeds the {rows} positions the {config.position.kind} table of '
-                     f'{workdir} has; valid: lengths up to {rows}')
-  available = len(task.stream('eval'))
-  if request.tokens > available:
-    raise ValueError(f'--tokens: got {request.tokens}; valid: at most {available}, the held-out stream\'s length')
-  if max(lengths) > request.tokens:
-    raise ValueError(f'--lengths: {max(lengths)} is longer than the {request.tokens} tokens scored (--tokens); '
-                     f'valid: lengths up to {request.tokens}')
+  if rows is not None and longest > rows:
+    raise ValueError(f'--lengths: {max(lengths)} needs {longest} positions, more than the {rows} the '
+                     f'{config.position.kind} table of {workdir} has; valid: lengths whose sequences fit {rows}')
   description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
                      finished_step=run_record.finished_step(workdir), variant=config.position.kind,
                      position=config.position.fields(), original_length=original,
@@ -261,7 +284,21 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
                      init_from=resolved['train'].get('init_from', ''), **dataclasses.asdict(request))
   description['position_overrides'] = [list(pair) for pair in request.position_overrides]
   description.pop('batch_size')  # how many windows run at once does not change a number
-  directory = os.path.join(workdir, EVALUATIONS, name or default_name(request))
+  task_batches = None
+  if streamed:
+    available = len(task.stream('eval'))
+    if request.tokens > available:
+      raise ValueError(f'--tokens: got {request.tokens}; valid: at most {available}, the held-out stream\'s length')
+    if max(lengths) > request.tokens:
+      raise ValueError(f'--lengths: {max(lengths)} is longer than the {request.tokens} tokens scored (--tokens); '
+                       f'valid: lengths up to {request.tokens}')
+  else:  # the trainer's evaluation batches: their count, size and seed decide the problems, not the request
+    task_batches = (int(resolved['task']['eval_batches']), int(resolved['train']['batch_size']))
+    for field in ('protocol', 'stride_fraction', 'tokens'):
+      description.pop(field)
+    description.update(protocol='task', seed=int(resolved['seed']), eval_batches=task_batches[0],
+                       eval_batch_size=task_batches[1])
+  directory = os.path.join(workdir, EVALUATIONS, name or default_name(request, task_batches))
   spec_path = os.path.join(directory, 'evaluation.json')
   exists = os.path.exists(spec_path)
   if exists:
@@ -279,6 +316,21 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
                     directory=directory, description=description, exists=exists)
 
 
+def _length_scorer(evaluation: Evaluation, params):
+  """length -> its results line: a task run on its evaluation batches, a language model over its stream."""
+  task, description, request = evaluation.task, evaluation.description, evaluation.request
+  if description['protocol'] == 'task':
+    sums = task_lengths.sums_function(transformer.build_model(evaluation.config, task.settings.model_kind), task)
+    cap = run_settings.width_cap(evaluation.config, task.settings.model_kind)
+    return functools.partial(task_lengths.evaluate_length, sums, params, task, description['seed'],
+                             batch_size=description['eval_batch_size'], batches=description['eval_batches'],
+                             width_cap=cap)
+  stream = task.stream('eval')[:request.tokens]
+  bits = bits_function(transformer.build_model(evaluation.config, 'decoder_only'))
+  return functools.partial(evaluate_length, bits, params, stream, task.bos, request=request,
+                           token_bytes=getattr(task, 'token_bytes', None), packed_rows=getattr(task, 'packed_rows', None))
+
+
 def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
   """Runs a prepared evaluation: (its directory, results by length). Lengths already there are kept."""
   directory, request = evaluation.directory, evaluation.request
@@ -287,21 +339,20 @@ def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
     os.makedirs(directory, exist_ok=True)
     write_json_atomically(os.path.join(directory, 'evaluation.json'), evaluation.description)
   results = _read_results(results_path)
-  params = checkpoints.restore_params(evaluation.workdir, evaluation.step)
-  stream = evaluation.task.stream('eval')[:request.tokens]
-  score = bits_function(transformer.build_model(evaluation.config, 'decoder_only'))
+  score = _length_scorer(evaluation, checkpoints.restore_params(evaluation.workdir, evaluation.step))
   for length in evaluation.lengths:
     if length in results:
       continue
     started = time.time()
-    record = evaluate_length(score, params, stream, evaluation.task.bos, length, request,
-                             getattr(evaluation.task, 'token_bytes', None), getattr(evaluation.task, 'packed_rows', None))
+    record = score(length)
     record['seconds'] = round(time.time() - started, 1)
     append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))
     results[length] = record
     metric = record_metric(record)
-    log(f'{evaluation.workdir} {request.method}: length {length}: {record[metric]:.4f} {METRIC_LABELS[metric]} '
-        f'({record["scored_tokens"]} tokens, {record["windows"]} windows, {record["seconds"]} s)')
+    scored = (f'{record["examples"]} problems' if 'examples' in record else
+              f'{record["scored_tokens"]} tokens, {record["windows"]} windows')
+    log(f'{evaluation.workdir} {request.method}: length {length}: {record[metric]:.4f} {metric_label(metric)} '
+        f'({scored}, {record["seconds"]} s)')
   return directory, {length: results[length] for length in evaluation.lengths}
 
 

@@ -330,16 +330,19 @@ def _check_lengths(task: TaskSettings, task_object, model) -> None:
 
 
 def evaluation_width_cap(experiment: Experiment) -> Optional[int]:
-  """The widest a batch (axis 1) may be padded to in evaluation, when a learned table or randomized
-  positions limit it: the table's rows or randomized_max_length, less the [CLS] token an encoder-only
-  model puts in front of the batch."""
-  limits = [limit for limit in (position_table_length(experiment.model), experiment.model.randomized_max_length)
-            if limit]
+  """The widest a batch (axis 1) may be padded to in evaluation (width_cap)."""
+  return width_cap(experiment.model, experiment.task.model_kind)
+
+
+def width_cap(model: transformer.ModelConfig, model_kind: str) -> Optional[int]:
+  """The widest a batch (axis 1) may be padded to, when a learned table or randomized positions limit it:
+  the table's rows or randomized_max_length, less the [CLS] token an encoder-only model puts in front of
+  the batch."""
+  limits = [limit for limit in (position_table_length(model), model.randomized_max_length) if limit]
   if not limits:
     return None
   rows = min(limits)
-  prepends_cls = experiment.task.model_kind == 'encoder_only' and experiment.model.pooling == 'cls'
-  return rows - 1 if prepends_cls else rows
+  return rows - 1 if model_kind == 'encoder_only' and model.pooling == 'cls' else rows
 
 
 def position_table_length(model: transformer.ModelConfig) -> Optional[int]:
