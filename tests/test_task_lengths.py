@@ -52,6 +52,7 @@ def test_the_run_as_trained_gives_the_trainers_own_evaluation_numbers(copy_run):
   assert (description['protocol'], description['seed'], description['eval_batches'],
           description['eval_batch_size']) == ('task', 3, 2, 16)
   assert 'tokens' not in description and 'stride_fraction' not in description
+  assert (description['trained_length'], description['original_length']) == (6, 14)  # copy at 6: 14 tokens
 
 
 @pytest.mark.slow

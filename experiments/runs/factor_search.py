@@ -188,10 +188,10 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
   if not factor or factor <= 1.0:
     raise ValueError(f'--factor: got {factor}; valid: a number > 1, the length served over the original one')
   resolved = run_record.stored_config(workdirs[0])
-  original = settings.original_length or int(resolved['task']['max_length'])
-  length = length or int(round(original * factor))
+  original = settings.original_length or long_context.trained_positions(task)
   steps = tuple(checkpoints.newest_intact_step(workdir) for workdir in workdirs)
-  if not task_lengths.reads_stream(task):
+  if not task_lengths.reads_stream(task):  # lengths count a problem's size, not its tokens
+    length = length or int(round(int(resolved['task']['max_length']) * factor))
     trained_batches = int(resolved['task']['eval_batches'])
     batches = trained_batches if batches is None else batches
     if batches < 1:
@@ -204,6 +204,7 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
   if batches is not None:
     raise ValueError(f'--batches: got {batches} for a {task.settings.name} run; valid: only for a task that draws its '
                      'own problems (a language model is scored on --tokens of its held-out stream)')
+  length = length or int(round(original * factor))
   stream = task.stream('eval')
   if not 0 < tokens <= len(stream) // 2:
     raise ValueError(f'--tokens: got {tokens}; valid: 1 to {len(stream) // 2}, half the held-out stream (the search '
@@ -242,7 +243,7 @@ def scorer(problem: Problem, factor: float, params: list, batch_size: int = 8):
 
   def score(factors: tuple) -> float:
     scored = request(problem, factor, factors, batch_size)
-    config, _ = long_context.extended_config(problem.config, problem.resolved, scored)
+    config, _ = long_context.extended_config(problem.config, problem.original_length, scored)
     if problem.text is None:
       kind = problem.task.settings.model_kind
       sums = task_lengths.sums_function(transformer.build_model(config, kind), problem.task)

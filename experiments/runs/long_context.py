@@ -124,12 +124,18 @@ def _with_position(config: transformer.ModelConfig, pairs: tuple) -> transformer
     raise ValueError(f'--position: {" ".join(str(error).split())}') from None
 
 
-def extended_config(config: transformer.ModelConfig, resolved: dict, request: Request) -> tuple:
+def trained_positions(task) -> int:
+  """The longest sequence the run trained on: task.max_length for a language model, and for a task the
+  sequence its longest problems make (copy at 16, decoder-only: 34 tokens)."""
+  return task.sequence_length(task.settings.max_length)
+
+
+def extended_config(config: transformer.ModelConfig, trained_length: int, request: Request) -> tuple:
   """(model config, original length): the run's model with the requested extension. The original length is
-  the run's own (position.original_length when it was trained with an extension, else task.max_length)."""
+  the run's own (position.original_length when it was trained with an extension, else trained_length, the
+  trained_positions of its task)."""
   config = _with_position(config, request.position_overrides)
   settings = config.position.settings
-  trained_length = int(resolved['task']['max_length'])
   if request.method == 'none':
     return config, getattr(settings, 'original_length', 0) or trained_length
   if not isinstance(settings, ExtensionSettings):
@@ -267,7 +273,7 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   step = checkpoints.newest_intact_step(workdir)
   if request.method not in METHODS:
     raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
-  config, original = extended_config(config, resolved, request)
+  config, original = extended_config(config, trained_positions(task), request)
   longest = max(lengths) if streamed else task.sequence_length(max(lengths))  # a task's problems hold more tokens
   try:
     config.position.settings.check_positions(longest - 1)

@@ -182,7 +182,7 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
     raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
   config, task = checkpoints.run_model(workdir)
   codec = codec_for(task)
-  config, original = long_context.extended_config(config, resolved, extension)
+  config, original = long_context.extended_config(config, long_context.trained_positions(task), extension)
   _refuse_lengths_the_run_cannot_take(request, config, codec)
   step = checkpoints.newest_intact_step(workdir)
   description = _description(workdir, request, extension, config, resolved, original, step)
