@@ -135,12 +135,13 @@ def draw(path: str, rows: list[lineage.Row], lengths: list[int], trained: int) -
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   metric, words = metric_of(rows)
   if not has_positions(rows):
-    figure, by_length = plt.subplots(1, 1, figsize=(10, 4.8))
+    figure, by_length = plt.subplots(1, 1, figsize=(10, 4.8 + 0.2 * len(rows)))
     for index, row in enumerate(rows):
       _plot_by_length(by_length, row, index, lengths, metric)
     _finish_by_length(by_length, words, trained)
-    by_length.legend(fontsize=7, title='row (seeds)', title_fontsize=7, loc='center left', bbox_to_anchor=(1.01, 0.5))
-    figure.tight_layout()
+    figure.legend(*by_length.get_legend_handles_labels(), fontsize=7, title='row (seeds)', title_fontsize=7,
+                  loc='lower center', ncol=1)
+    figure.tight_layout(rect=(0, 0.026 * len(rows) + 0.06, 1, 1))  # the legend below the axes, a line per row
     save_figure_atomically(figure, path, dpi=110)
     plt.close(figure)
     return
