@@ -98,7 +98,8 @@ def main(argv):
   except (OSError, KeyError, ValueError, FloatingPointError, cli.CommandError) as error:
     cli.fail(str(error))
   best = ranked[0]
-  by_start = {c.origin: c.score for c in ranked if c.generation == 0 and c.origin in factor_search.STARTS}
+  by_start = {c.origin: c.score for c in ranked
+              if c.generation == 0 and c.origin in (*factor_search.STARTS, factor_search.TRAINED)}
   config_path = os.path.join(_OUTPUT.value, 'config.json')
   write_json_atomically(config_path, dict(
       rope_scaling=dict(rope_type='longrope', short_factor=[1.0] * len(best.factors), long_factor=list(best.factors)),

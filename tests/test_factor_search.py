@@ -68,6 +68,23 @@ def test_a_score_that_is_not_finite_stops_the_search():
     factor_search.search(lambda factors: math.nan, {'pi': [2.0, 2.0]}, 2.0, factor_search.SearchSettings(4, 1))
 
 
+def test_a_run_trained_with_longrope_starts_the_search_from_its_own_factors():
+  """A search after fine-tuning: the first population holds the long factors the run was trained with,
+  beside the factors PI, NTK, YaRN and Llama 3 imply; a run trained without them adds nothing."""
+  trained = '1.0 1.5 2.0 4.0 8.0 16.0 16.0 20.0'
+  starts = {}
+  for extension in ({}, dict(rope_extension='longrope', extension_factor=16.0, original_length=16,
+                             longrope_short_factors=' '.join(['1.0'] * 8), longrope_long_factors=trained)):
+    config = transformer.ModelConfig(model_dim=32, num_heads=2, position=transformer.PositionConfig('rope', **extension))
+    problem = factor_search.Problem(workdirs=('run',), config=config, resolved={}, task=None, steps=(1,),
+                                    original_length=16, length=256, text=None, first_token=0)
+    starts[bool(extension)] = factor_search.method_starts(problem, 16.0)
+  assert list(starts[False]) == list(factor_search.STARTS)
+  assert list(starts[True]) == [*factor_search.STARTS, factor_search.TRAINED]
+  np.testing.assert_array_equal(starts[True]['trained'], [float(f) for f in trained.split()])
+  np.testing.assert_array_equal(starts[True]['pi'], starts[False]['pi'])
+
+
 @pytest.mark.parametrize('field,value,message', [('population', 3, '--population: got 3'),
                                                  ('mutation_rate', 0.0, '--mutation_rate: got 0.0')])
 def test_bad_search_settings_name_the_flag(field, value, message):

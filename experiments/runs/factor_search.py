@@ -21,7 +21,7 @@ import numpy as np
 
 import transformer
 from experiments.runs import checkpoints, lineage, long_context, run_record, settings as run_settings, task_lengths
-from transformer.positions.extension import ExtensionSettings, extended_frequencies
+from transformer.positions.extension import ExtensionSettings, extended_frequencies, factor_list
 from transformer.positions.rope import RotaryLayer
 
 GRID = 0.01
@@ -146,6 +146,7 @@ def frequencies(config: transformer.ModelConfig) -> np.ndarray:
 
 
 STARTS = ('pi', 'ntk', 'yarn', 'llama3')  # the methods whose implied factors seed the first population
+TRAINED = 'trained'  # and, for a run trained with longrope (fine-tuned with searched factors), its long factors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +227,9 @@ def request(problem: Problem, factor: float, factors: tuple, batch_size: int = 8
 
 
 def method_starts(problem: Problem, factor: float) -> dict:
-  """{method: the factors it implies} for the first population."""
+  """{method: the factors it implies} for the first population, and {'trained': its long factors} for runs
+  trained with longrope: a search after fine-tuning (the paper's order for its longest models) starts from
+  the factors the model was fine-tuned with, so it can only improve on them on the search's text."""
   settings = problem.config.position.settings
   theta_P = frequencies(problem.config)
   implied = {}
@@ -234,6 +237,8 @@ def method_starts(problem: Problem, factor: float) -> dict:
     method_settings = dataclasses.replace(settings, rope_extension=method, extension_factor=factor,
                                           original_length=problem.original_length)
     implied[method] = implied_factors(theta_P, extended_frequencies(theta_P, method_settings)[0])
+  if settings.rope_extension == 'longrope' and settings.longrope_long_factors:
+    implied[TRAINED] = np.asarray(factor_list(settings.longrope_long_factors))
   return implied
 
 
