@@ -155,9 +155,9 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
     kind = config.position.kind
     data[workdir] = (task.settings.name, task.data_identity())
     if data[workdir] != data[workdirs[0]]:
-      raise ValueError(f'--workdir: {workdir} was trained on {data[workdir][0]} {data[workdir][1] or ""} and '
-                       f'{workdirs[0]} on {data[workdirs[0]][0]} {data[workdirs[0]][1] or ""}; valid: runs of one task '
-                       f'and data, so that one held-out stream scores them all')
+      named = {w: ' '.join(part for part in data[w] if part) for w in (workdir, workdirs[0])}
+      raise ValueError(f'--workdir: {workdir} was trained on {named[workdir]} and {workdirs[0]} on '
+                       f'{named[workdirs[0]]}; valid: runs of one task and data, so that one table compares them')
     if not task_lengths.reads_stream(task):
       for name in ('protocol', 'stride', 'tokens'):
         if flags.FLAGS[name].present:
