@@ -7,9 +7,10 @@ import sys
 
 import numpy as np
 import pytest
+from scipy import stats
 
 import transformer
-from experiments.runs import checkpoints, long_context, task_lengths, trainer
+from experiments.runs import checkpoints, length_table, long_context, task_lengths, trainer
 from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 
@@ -27,6 +28,35 @@ def _request(method='none', factor=1.0, **changes):
   fields = dict(method=method, factor=factor, protocol='sliding', stride_fraction=0.5, tokens=65536, batch_size=8)
   fields.update(changes)
   return long_context.Request(**fields)
+
+
+def test_a_task_runs_table_shows_its_headline_metric_over_seeds_with_no_position_view(tmp_path):
+  """Results lines as a task run's evaluation writes them (the task's metrics, and which one a table shows):
+  the table's score is token accuracy, its mean and t interval over seeds from scipy, no by_position.md."""
+  evaluations = []
+  for seed, accuracies in enumerate(((1.0, 0.25), (0.98, 0.5), (1.0, 0.75))):
+    run = tmp_path / f'rope-seed{seed}'
+    run.mkdir()
+    (run / 'config.json').write_text(json.dumps(dict(seed=seed, task=dict(name='copy', max_length=16),
+                                                     model=dict(position=dict(kind='rope')), train=dict(steps=10))))
+    results = {length: dict(length=length, token_accuracy=accuracy, sequence_accuracy=0.0, loss=1.0,
+                            headline='token_accuracy', examples=128)
+               for length, accuracy in zip((16, 32), accuracies)}
+    description = dict(run=str(run), method='none', factor=1.0, position_overrides=[], trained_length=16,
+                       checkpoint_step=10, protocol='task', eval_batches=2, eval_batch_size=64)
+    evaluations.append((str(run / 'evaluations' / 'none-batches2x64'), description, results))
+  rows = length_table.group(evaluations)
+  assert length_table.metric_of(rows) == ('token_accuracy', 'token accuracy')
+  protocol = long_context.protocol_text(long_context.protocol_of(evaluations[0][1]))
+  written = length_table.write(str(tmp_path / 'table'), rows, [16, 32], 16, protocol)
+  assert [os.path.basename(path) for path in written] == ['results.md', 'results.csv', 'plot_extension.png']
+  table = (tmp_path / 'table' / 'results.md').read_text()
+  half_width = stats.t.ppf(0.975, 2) * np.std([0.25, 0.5, 0.75], ddof=1) / np.sqrt(3)
+  assert f'| rope | 3 | 0.993 ± {stats.t.ppf(0.975, 2) * np.std([1.0, 0.98, 1.0], ddof=1) / np.sqrt(3):.3f} | ' \
+         f'0.500 ± {half_width:.3f} |' in table
+  assert ("Token accuracy on each run's evaluation problems (the trainer's 2 evaluation batches of 64 problems, "
+          "drawn from each run's seed; the first run was trained at 16)") in table
+  assert long_context.default_name(_request('yarn', 4.0), (2, 64)) == 'yarn-x4-batches2x64'
 
 
 def _trainer_records(workdir):
