@@ -13,6 +13,7 @@ import transformer
 from experiments.runs import checkpoints, length_table, long_context, task_lengths, trainer
 from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
+from tests.test_long_context import _request  # a task run's evaluation ignores its stream fields
 
 TINY_COPY = {'task.model_kind': 'decoder_only', 'task.eval_batches': 2, 'model.position.kind': 'rope', 'seed': 3}
 
@@ -22,12 +23,6 @@ def copy_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('runs') / 'rope')
   trainer.run(smoke_experiment(**TINY_COPY), workdir)
   return workdir
-
-
-def _request(method='none', factor=1.0, **changes):
-  fields = dict(method=method, factor=factor, protocol='sliding', stride_fraction=0.5, tokens=65536, batch_size=8)
-  fields.update(changes)
-  return long_context.Request(**fields)
 
 
 def test_a_task_runs_table_shows_its_headline_metric_over_seeds_with_no_position_view(tmp_path):
