@@ -35,6 +35,18 @@ def init(model, *args, **kwargs):
   return nn.meta.unbox(model.init(jax.random.PRNGKey(0), *args, **kwargs))
 
 
+def cached_logits(model, params, inputs, chunks):
+  """Logits of the decoder-only model fed `inputs` through its cache, chunk by chunk."""
+  _, variables = model.apply(params, jnp.zeros_like(inputs), use_cache=True, mutable=['cache'])
+  cache, start, logits = variables['cache'], 0, []
+  for size in chunks:
+    step, updated = model.apply({**params, 'cache': cache}, inputs[:, start:start + size], use_cache=True,
+                                mutable=['cache'])
+    cache, start = updated['cache'], start + size
+    logits.append(step)
+  return jnp.concatenate(logits, axis=1)
+
+
 def random_positions(variables, seed: int = 1, scale: float = 0.5):
   """The variables with every parameter of a positional hook module ('position', 'cross_position') replaced
   by noise: terms that start at zero (TUPE's [CLS] thetas, CoPE's position vectors) then count."""

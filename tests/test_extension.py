@@ -12,7 +12,7 @@ import pytest
 
 import transformer as T
 from transformer.positions import extension, rope
-from tests.helpers import init, tiny, tokens
+from tests.helpers import cached_logits, init, tiny, tokens
 
 ROTARY = ('rope', 'p_rope', 'xpos')
 STATIC = ('pi', 'ntk', 'yarn', 'llama3')
@@ -125,18 +125,6 @@ def test_dynamic_ntk_is_ntk_at_each_querys_factor_and_scales_back_down():
                              atol=2e-5, rtol=1e-5)
 
 
-def _cached_logits(model, params, inputs, chunks):
-  """Logits of the decoder-only model fed `inputs` through its cache, chunk by chunk."""
-  _, variables = model.apply(params, jnp.zeros_like(inputs), use_cache=True, mutable=['cache'])
-  cache, start, logits = variables['cache'], 0, []
-  for size in chunks:
-    step, updated = model.apply({**params, 'cache': cache}, inputs[:, start:start + size], use_cache=True,
-                                mutable=['cache'])
-    cache, start = updated['cache'], start + size
-    logits.append(step)
-  return jnp.concatenate(logits, axis=1)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('kind', ROTARY)
 @pytest.mark.parametrize('method', STATIC + ('dynamic_ntk',))
@@ -149,7 +137,7 @@ def test_cached_decoding_equals_the_full_pass(kind, method):
   model = T.DecoderOnly(tiny(kind, **changes))
   params = init(model, inputs)
   whole = model.apply(params, inputs)
-  np.testing.assert_allclose(_cached_logits(model, params, inputs, (2, 1, 1, 3)), whole, atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(cached_logits(model, params, inputs, (2, 1, 1, 3)), whole, atol=2e-5, rtol=1e-5)
   plain = T.DecoderOnly(tiny(kind, attention_block_size=4, attention_key_block_size=4)).apply(params, inputs)
   assert not np.allclose(whole[:, 3:], plain[:, 3:], atol=1e-4)  # the method changed the logits past L
 

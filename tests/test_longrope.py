@@ -12,7 +12,7 @@ import pytest
 
 import transformer as T
 from experiments.runs import rope_scaling
-from tests.helpers import init, tiny, tokens
+from tests.helpers import cached_logits, init, tiny, tokens
 from transformer.positions import extension, rope
 
 HEAD_DIM, BASE, ORIGINAL = 16, 10000.0, 64
@@ -83,15 +83,54 @@ def test_cached_decoding_equals_the_full_pass(kind):
                                                  **factors)))
   params = init(model, inputs)
   whole = model.apply(params, inputs)
-  _, variables = model.apply(params, jnp.zeros_like(inputs), use_cache=True, mutable=['cache'])
-  cache, start, steps = variables['cache'], 0, []
-  for size in (2, 1, 1, 3):
-    step, updated = model.apply({**params, 'cache': cache}, inputs[:, start:start + size], use_cache=True,
-                                mutable=['cache'])
-    cache, start = updated['cache'], start + size
-    steps.append(step)
-  np.testing.assert_allclose(jnp.concatenate(steps, axis=1), whole, atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(cached_logits(model, params, inputs, (2, 1, 1, 3)), whole, atol=2e-5, rtol=1e-5)
   assert not np.allclose(whole, T.DecoderOnly(tiny(kind)).apply(params, inputs), atol=1e-4)
+
+
+@pytest.mark.parametrize('factor,served', [(4.0, ORIGINAL - 1), (4.0, ORIGINAL), (4.0, ORIGINAL + 1), (4.0, 1000),
+                                           (1.0, ORIGINAL + 1), (1.0, ORIGINAL)])
+def test_by_length_the_sequence_picks_the_set_as_hugging_face_does(factor, served):
+  """With longrope_by_length the served length picks the set (long once it passes the original length) and
+  the attention factor is s's at every length, as HF's rotary embedding computes them; None is s L."""
+  settings = _settings(factor, longrope_by_length=True)
+  theta_P = rope.rope_frequencies(HEAD_DIM, BASE)
+  expected_theta, expected_magnitude = hugging_face_longrope(factor, served)
+  for length in (served, jnp.asarray(served, jnp.int32)):  # a full pass's static length, a cache's traced one
+    theta, magnitude = extension.extended_frequencies(theta_P, settings, length)
+    np.testing.assert_allclose(theta, expected_theta, rtol=1e-6)
+    assert math.isclose(magnitude, expected_magnitude, rel_tol=1e-7)
+  np.testing.assert_allclose(extension.extended_frequencies(theta_P, settings)[0],
+                             hugging_face_longrope(factor, int(factor * ORIGINAL))[0], rtol=1e-6)
+
+
+def _by_length_model(original, long_factors='1 1.5 3 6', by_length=True):
+  return T.DecoderOnly(tiny('rope', position=dict(
+      rope_extension='longrope', extension_factor=2.5, original_length=original, longrope_by_length=by_length,
+      longrope_short_factors='1 1.2 0.8 2', longrope_long_factors=long_factors)))
+
+
+def test_by_length_a_model_reads_the_short_set_up_to_the_original_length_and_the_long_set_past_it():
+  """At s = 2.5 a 7-token input past L = 6 is the model with the long set (the default, by factor); one
+  within L = 8 is the model whose long set is the short one, the attention factor s's in both."""
+  inputs = tokens(2, 7, seed=5)
+  params = init(_by_length_model(6), inputs)
+  past = _by_length_model(6).apply(params, inputs)
+  np.testing.assert_allclose(past, _by_length_model(6, by_length=False).apply(params, inputs), atol=1e-6)
+  within = _by_length_model(8).apply(params, inputs)
+  np.testing.assert_allclose(within, _by_length_model(8, '1 1.2 0.8 2', by_length=False).apply(params, inputs),
+                             atol=1e-6)
+  assert not np.allclose(within, _by_length_model(8, by_length=False).apply(params, inputs), atol=1e-3)
+
+
+@pytest.mark.parametrize('original', [3, 8])
+def test_by_length_cached_decoding_is_the_full_pass_over_the_capacity(original):
+  """A capacity of 7 past L = 3 rotates with the long set from the first chunk (2 tokens, within L), one
+  within L = 8 with the short set: chunks of 2, 1, 1 and 3 give the full pass's logits either way."""
+  inputs = tokens(2, 7, seed=3)
+  model = _by_length_model(original)
+  params = init(model, inputs)
+  whole = model.apply(params, inputs)
+  np.testing.assert_allclose(cached_logits(model, params, inputs, (2, 1, 1, 3)), whole, atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize('fields,message', [
@@ -100,6 +139,7 @@ def test_cached_decoding_equals_the_full_pass(kind):
     (dict(longrope_short_factors='1 0 3'), r'position\.longrope_short_factors: got .*; valid: numbers > 0'),
     (dict(original_length=1), r'position\.original_length: got 1; valid: the training length \(> 1\)'),
     (dict(longrope_attention_factor=-1.0), r'position\.longrope_attention_factor: got -1.0; valid: a finite'),
+    (dict(longrope_by_length='yes'), r"position\.longrope_by_length: got 'yes'; valid: true or false"),
 ])
 def test_bad_settings_are_refused_in_one_line(fields, message):
   with pytest.raises(ValueError, match=message):

@@ -30,9 +30,13 @@ length L (the YaRN paper's r(d) = L / lambda_d):
                theta_p' = theta_p / lambda_p with a rescale factor per pair, found by the paper's search,
                from the long set where the model serves beyond L (s > 1) and the short set otherwise;
                queries and keys both multiplied by the attention factor, by default
-               sqrt(1 + ln s / ln L) (1 at s = 1). Hugging Face picks the set by the length reached so
-               far; here the run's factor picks it, so a cached decoding and the full pass rotate every
-               token alike. The factors are settings (experiments read them from a Hugging Face config).
+               sqrt(1 + ln s / ln L) (1 at s = 1). By default the run's factor picks the set. With
+               longrope_by_length the length of the sequence served picks it, as Hugging Face does: the
+               long set once it passes L, the short one up to L, the attention factor s's either way.
+               That length is a full pass's number of keys, or the cache's capacity when decoding, so a
+               cached decoding rotates every token as the full pass over its capacity does (Hugging Face
+               switches at the length reached so far and keeps the keys it rotated before). The factors
+               are settings (experiments read them from a Hugging Face config).
 At s = 1 every method but longrope is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
 """
 
@@ -67,6 +71,7 @@ class ExtensionSettings(Settings):
   longrope_short_factors: str = ''           # LongRoPE: lambda_p of each pair, head_dim / 2 numbers, used at s = 1
   longrope_long_factors: str = ''            # LongRoPE: lambda_p of each pair, used at s > 1
   longrope_attention_factor: float = 0.0     # LongRoPE: queries' and keys' factor; 0: sqrt(1 + ln s / ln L)
+  longrope_by_length: bool = False           # LongRoPE: the set by the sequence's length against L, not by s
 
   def check(self):
     require(self.rope_extension in METHODS, 'position.rope_extension', self.rope_extension, ', '.join(METHODS))
@@ -99,6 +104,8 @@ class ExtensionSettings(Settings):
     require(math.isfinite(self.longrope_attention_factor) and self.longrope_attention_factor >= 0,
             'position.longrope_attention_factor', self.longrope_attention_factor,
             'a finite number > 0, or 0 for sqrt(1 + ln s / ln L)')
+    require(isinstance(self.longrope_by_length, bool), 'position.longrope_by_length', self.longrope_by_length,
+            'true or false')
 
   def check_attention(self, num_heads, head_dim, causal):
     if self.rope_extension == 'longrope':
@@ -106,6 +113,10 @@ class ExtensionSettings(Settings):
         count = len(factor_list(getattr(self, field)))
         require(count == head_dim // 2, f'position.{field}', f'{count} numbers',
                 f'{head_dim // 2}, one per pair of dimensions of a head of width {head_dim}')
+
+  def longrope_reads_length(self) -> bool:
+    """Whether the length of the sequence served picks LongRoPE's factor set (longrope_by_length)."""
+    return self.rope_extension == 'longrope' and self.longrope_by_length
 
   def per_query(self) -> bool:
     """Whether each query has its own frequencies (dynamic_ntk): the rotation is then a logits term."""
@@ -141,11 +152,13 @@ def yarn_magnitude(factor: float) -> float:
   return 0.1 * math.log(factor) + 1.0
 
 
-def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
-  """(theta', magnitude) of a static method: the frequencies and the factor on queries and keys."""
+def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, served_length=None):
+  """(theta', magnitude) of a static method: the frequencies and the factor on queries and keys.
+  served_length: the length of the sequence served (an int, or a traced scalar in cached steps), which
+  LongRoPE's set reads with longrope_by_length; None: s L, the length the factor names."""
   method, factor = settings.rope_extension, settings.extension_factor
   if method == 'longrope':
-    return longrope_frequencies(theta_P, settings)
+    return longrope_frequencies(theta_P, settings, served_length)
   if method == 'none' or factor == 1.0:
     return theta_P, 1.0
   if method == 'pi':
@@ -161,16 +174,22 @@ def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
   raise ValueError(f'position.rope_extension: got {method!r}; valid: pi, ntk, yarn, llama3 (static methods)')
 
 
-def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings):
-  """(theta_p / lambda_p, attention factor): the long set and sqrt(1 + ln s / ln L) (or the setting) for
-  s > 1, the short set and 1 (or the setting) at s = 1."""
-  factor = settings.extension_factor
-  extended = factor > 1.0
-  rescale_P = jnp.asarray(factor_list(settings.longrope_long_factors if extended else settings.longrope_short_factors),
-                          jnp.float32)
-  chex.assert_equal_shape([rescale_P, theta_P])
+def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, served_length=None):
+  """(theta_p / lambda_p, attention factor): the long set for s > 1 (with longrope_by_length: for a served
+  length above L), else the short set; the attention factor sqrt(1 + ln s / ln L) for s > 1, else 1, or
+  the setting's."""
+  factor, original = settings.extension_factor, settings.original_length
+  short_P, long_P = (jnp.asarray(factor_list(text), jnp.float32)
+                     for text in (settings.longrope_short_factors, settings.longrope_long_factors))
+  chex.assert_equal_shape([short_P, long_P, theta_P])
+  if not settings.longrope_reads_length():
+    rescale_P = long_P if factor > 1.0 else short_P
+  elif served_length is None or isinstance(served_length, int):
+    rescale_P = long_P if (factor * original if served_length is None else served_length) > original else short_P
+  else:
+    rescale_P = jnp.where(served_length > original, long_P, short_P)
   magnitude = settings.longrope_attention_factor or (
-      math.sqrt(1.0 + math.log(factor) / math.log(settings.original_length)) if extended else 1.0)
+      math.sqrt(1.0 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0)
   return theta_P / rescale_P, magnitude
 
 

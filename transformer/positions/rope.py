@@ -10,6 +10,7 @@ import dataclasses
 from typing import Optional
 
 import chex
+import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, StackPositions, Variant, require
@@ -69,6 +70,9 @@ def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000
   return rotate_by(x_BxLxHxK, positions_BxL, rope_frequencies(head_dim, base))
 
 
+SERVED_LENGTH = 'longrope_served_length'  # the cache's entry for the capacity, with longrope_by_length
+
+
 class RotaryLayer(LayerPositions):
   """Rotates queries and keys by frequencies(head_dim), scaled by position_scales (xPos), under the
   settings' context extension; dynamic NTK's rotation by query is a logits term instead (extension.py)."""
@@ -82,6 +86,14 @@ class RotaryLayer(LayerPositions):
     del q_positions_BxLq, k_positions_BxLk, head_dim
     return None, None
 
+  @nn.compact
+  def from_inputs(self, inputs_BxLqxD, shared, use_cache=False, cache_index=None):
+    """With LongRoPE's set chosen by length, the first call of a cached decoding keeps the cache's capacity
+    (its input's length), which later calls' rotate() reads."""
+    if use_cache and self.settings.longrope_reads_length():
+      self.variable('cache', SERVED_LENGTH, lambda: jnp.asarray(inputs_BxLqxD.shape[1], jnp.int32))
+    return shared
+
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
     head_dim = query_BxLqxHxK.shape[-1]
     q_scale, k_scale = self.position_scales(q_positions_BxLq, k_positions_BxLk, head_dim)
@@ -90,7 +102,10 @@ class RotaryLayer(LayerPositions):
         return query_BxLqxHxK, key_BxLkxHxK
       theta_P, magnitude = jnp.zeros(head_dim // 2, jnp.float32), 1.0
     else:
-      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings)
+      served_length = k_positions_BxLk.shape[1]  # a full pass's keys; a cached step reads the capacity
+      if self.has_variable('cache', SERVED_LENGTH):
+        served_length = self.get_variable('cache', SERVED_LENGTH)
+      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings, served_length)
     return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
             rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale, magnitude))
 
