@@ -122,6 +122,20 @@ def test_by_length_a_model_reads_the_short_set_up_to_the_original_length_and_the
   assert not np.allclose(within, _by_length_model(8, by_length=False).apply(params, inputs), atol=1e-3)
 
 
+def test_by_length_padding_changes_nothing():
+  """7 real tokens padded to 12 (valid False past them) within L = 8: the short set, as unpadded. Read as
+  12 real tokens (no valid mask) the same row passes L and takes the long set: the causal outputs of the
+  first 7 then differ."""
+  inputs = tokens(2, 7, seed=6)
+  padded = jnp.pad(inputs, ((0, 0), (0, 5)))
+  valid = jnp.arange(12)[None, :] < 7
+  model = _by_length_model(8)
+  params = init(model, inputs)
+  unpadded = model.apply(params, inputs)
+  np.testing.assert_allclose(model.apply(params, padded, valid_BxL=valid)[:, :7], unpadded, atol=2e-5, rtol=1e-5)
+  assert not np.allclose(model.apply(params, padded)[:, :7], unpadded, atol=1e-3)
+
+
 @pytest.mark.parametrize('original', [3, 8])
 def test_by_length_cached_decoding_is_the_full_pass_over_the_capacity(original):
   """A capacity of 7 past L = 3 rotates with the long set from the first chunk (2 tokens, within L), one

@@ -65,12 +65,16 @@ class AttentionPositions:
   q_positions_BxLq, k_positions_BxLk: the positions of the queries and keys (B may be 1).
   shared: the stack's terms for every layer (TUPE's correlation, a shared T5 bias), or None.
   kernel_shared: the stack's parameters that the layer's kernel_term reads (T5's shared table), or None.
+  sequence_length: the length of the sequence a full pass serves, 1 + the largest position of a real key
+    (a scalar; padding excluded), which a rotation may read (LongRoPE's set by length); None: the keys'
+    count, or in a cached decoding the cache's capacity.
   """
   hooks: LayerPositions
   q_positions_BxLq: chex.Array
   k_positions_BxLk: chex.Array
   shared: Shared = None
   kernel_shared: Shared = None
+  sequence_length: Optional[chex.Array] = None
 
 
 @dataclasses.dataclass(frozen=True)

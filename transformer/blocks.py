@@ -49,6 +49,14 @@ class _Residual(nn.Module):
     return norm(x + drop(sublayer(x), deterministic))
 
 
+def served_length(positions_BxL: chex.Array, valid_BxL: Optional[chex.Array]) -> chex.Array:
+  """1 + the largest position of a real token: the length of the sequence a pass serves, padding excluded
+  (a packed row's longest document when positions restart), as Hugging Face counts it."""
+  if valid_BxL is not None:
+    positions_BxL = jnp.where(valid_BxL, positions_BxL, -1)
+  return 1 + jnp.max(positions_BxL)
+
+
 class TransformerLayer(nn.Module):
   """Encoder layer (self-attention, FFN) or, with cross_attention, decoder layer (masked
   self-attention, attention over the encoder's memory, FFN)."""
@@ -82,7 +90,8 @@ class TransformerLayer(nn.Module):
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, config.attention_implementation,
                                         name='self_attention')
-    self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared)
+    self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
+                                        None if use_cache else served_length(key_positions_BxLk, valid_BxL))
     # A cached step's mask is explicit: its keys are the cache's slots.
     self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
                                         key_valid_BxLk=valid_BxL if cache_index is None else None,

@@ -104,7 +104,7 @@ class MultiHeadAttention(nn.Module):
       query, rotated_key = hooks.rotate(query, query if key is None else key, q_positions_BxLq, q_positions_BxLq)
       key = None if key is None else rotated_key
     else:
-      query, key = hooks.rotate(query, key, q_positions_BxLq, positions.k_positions_BxLk)
+      query, key = hooks.rotate(query, key, q_positions_BxLq, positions.k_positions_BxLk, positions.sequence_length)
     scale = hooks.scale()
     return query, key, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
 

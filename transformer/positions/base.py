@@ -159,8 +159,9 @@ class LayerPositions(nn.Module):
     del inputs_BxLqxD, use_cache, cache_index
     return shared
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
-    del q_positions_BxLq, k_positions_BxLk
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
+    """Queries and keys as the variant rotates or scales them. sequence_length: AttentionPositions'."""
+    del q_positions_BxLq, k_positions_BxLk, sequence_length
     return query_BxLqxHxK, key_BxLkxHxK
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared: Shared,

@@ -45,10 +45,10 @@ class CompositeLayer(LayerPositions):
     parts = (None,) * len(self.components) if shared is None else shared  # None: the stack's are not computed
     return tuple(c.from_inputs(inputs_BxLqxD, s, use_cache, cache_index) for c, s in zip(self.components, parts))
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
     for component in self.components:
       query_BxLqxHxK, key_BxLkxHxK = component.rotate(query_BxLqxHxK, key_BxLkxHxK,
-                                                      q_positions_BxLq, k_positions_BxLk)
+                                                      q_positions_BxLq, k_positions_BxLk, sequence_length)
     return query_BxLqxHxK, key_BxLkxHxK
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):

@@ -33,9 +33,10 @@ length L (the YaRN paper's r(d) = L / lambda_d):
                sqrt(1 + ln s / ln L) (1 at s = 1). By default the run's factor picks the set. With
                longrope_by_length the length of the sequence served picks it, as Hugging Face does: the
                long set once it passes L, the short one up to L, the attention factor s's either way.
-               That length is a full pass's number of keys, or the cache's capacity when decoding, so a
-               cached decoding rotates every token as the full pass over its capacity does (Hugging Face
-               switches at the length reached so far and keeps the keys it rotated before). The factors
+               That length is a full pass's 1 + largest position of a real token (padding excluded),
+               or the cache's capacity when decoding, so a cached decoding rotates every token as the
+               full pass over its capacity does (Hugging Face switches at the length reached so far and
+               keeps the keys it rotated before). The factors
                are settings (experiments read them from a Hugging Face config).
 At s = 1 every method but longrope is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
 """

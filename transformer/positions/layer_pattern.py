@@ -96,8 +96,8 @@ class PatternLayer(LayerPositions):
     own = None if shared is None else shared[self.kind]  # None: the stack's are not computed
     return dict(shared or {}, **{self.kind: self.part.from_inputs(inputs_BxLqxD, own, use_cache, cache_index)})
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
-    return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk)
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
+    return self.part.rotate(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length)
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     return self.part.logits(query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared[self.kind],

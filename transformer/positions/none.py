@@ -39,7 +39,7 @@ def query_temperature(positions_BxL, scale: float, floor: int):
 class NoneLayer(LayerPositions):
   """Leaves attention as it is, or scales queries by Llama 4's temperature."""
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
     settings = self.settings
     if settings.temperature_scale == 0.0:
       return query_BxLqxHxK, key_BxLkxHxK

@@ -94,7 +94,7 @@ class RotaryLayer(LayerPositions):
       self.variable('cache', SERVED_LENGTH, lambda: jnp.asarray(inputs_BxLqxD.shape[1], jnp.int32))
     return shared
 
-  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk):
+  def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
     head_dim = query_BxLqxHxK.shape[-1]
     q_scale, k_scale = self.position_scales(q_positions_BxLq, k_positions_BxLk, head_dim)
     if self.settings.per_query():  # scaled only (xPos); logits() rotates
@@ -102,8 +102,8 @@ class RotaryLayer(LayerPositions):
         return query_BxLqxHxK, key_BxLkxHxK
       theta_P, magnitude = jnp.zeros(head_dim // 2, jnp.float32), 1.0
     else:
-      served_length = k_positions_BxLk.shape[1]  # a full pass's keys; a cached step reads the capacity
-      if self.has_variable('cache', SERVED_LENGTH):
+      served_length = k_positions_BxLk.shape[1] if sequence_length is None else sequence_length
+      if self.has_variable('cache', SERVED_LENGTH):  # a cached decoding: its capacity
         served_length = self.get_variable('cache', SERVED_LENGTH)
       theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings, served_length)
     return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
