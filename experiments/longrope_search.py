@@ -19,10 +19,19 @@ the problems they are reported on.
   python -m experiments.longrope_search --workdir=runs/copy/rope-seed0,runs/copy/rope-seed1 --factor=4 \
       --output=runs/longrope-copy-x4 [--batches=8]
 
+--set=short searches the short set instead, for runs fine-tuned with longrope (whose long set it keeps): a
+candidate is scored at --length within the original length (default: the original length; a task's trained
+problem size) with the set chosen by length, Hugging Face's rule, which serves such lengths the short set.
+The first population holds factors of 1 (RoPE as trained) and the run's long set.
+
+  python -m experiments.longrope_search --workdir=runs/ft/rope-seed0,runs/ft/rope-seed1 --factor=16 --set=short \
+      --output=runs/longrope-x16-short
+
 --output (a new directory) gets search.jsonl, every candidate as it is scored (its generation, origin and
 score), and at the end config.json: a Hugging Face config whose rope_scaling is LongRoPE's (the long
-factors found, short factors 1: RoPE as trained up to the original length), with what was searched under
-"longrope_search". Evaluate with it:
+factors found and short factors 1: RoPE as trained up to the original length; or with --set=short the
+short factors found and the run's long ones), with what was searched under "longrope_search". Evaluate
+with it (with --position=longrope_by_length=true for a short set):
 
   python -m experiments.evaluate --workdir=... --extension=longrope --factor=16 \
       --rope_scaling=runs/longrope-x16/config.json --lengths=128,256,512,1024,2048
@@ -55,6 +64,9 @@ _MUTATION_SCALE = flags.DEFINE_float('mutation_scale', 0.1, 'The standard deviat
 _SEED = flags.DEFINE_integer('seed', 0, 'The search\'s random seed.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
 _OUTPUT = flags.DEFINE_string('output', None, 'A new directory for search.jsonl and config.json.')
+_SET = flags.DEFINE_string('set', 'long', 'The factor set searched: long (scored past the original length), or short '
+                           '(runs fine-tuned with longrope: scored within the original length with the set chosen by '
+                           'length, their long set kept).')
 
 
 def _scored_on(problem: factor_search.Problem) -> dict:
@@ -78,7 +90,7 @@ def main(argv):
     settings.check()
     factor = _FACTOR.value
     workdirs = [w for w in _WORKDIR.value.split(',') if w]
-    problem = factor_search.pose_problem(workdirs, factor, _LENGTH.value, _TOKENS.value, _BATCHES.value)
+    problem = factor_search.pose_problem(workdirs, factor, _LENGTH.value, _TOKENS.value, _BATCHES.value, _SET.value)
     if problem.text is None and flags.FLAGS['tokens'].present:
       raise ValueError(f'--tokens: set for a {problem.task.settings.name} run; valid: only for language models (a task '
                        'run is scored on --batches of its own problems)')
@@ -98,14 +110,16 @@ def main(argv):
   except (OSError, KeyError, ValueError, FloatingPointError, cli.CommandError) as error:
     cli.fail(str(error))
   best = ranked[0]
-  by_start = {c.origin: c.score for c in ranked
-              if c.generation == 0 and c.origin in (*factor_search.STARTS, factor_search.TRAINED)}
+  by_start = {c.origin: c.score for c in ranked if c.generation == 0 and c.origin in (
+      *factor_search.STARTS, factor_search.TRAINED, factor_search.ROPE)}
+  short, long = factor_search.factor_sets(problem, best.factors)
   config_path = os.path.join(_OUTPUT.value, 'config.json')
   write_json_atomically(config_path, dict(
-      rope_scaling=dict(rope_type='longrope', short_factor=[1.0] * len(best.factors), long_factor=list(best.factors)),
+      rope_scaling=dict(rope_type='longrope', short_factor=list(short), long_factor=list(long)),
       original_max_position_embeddings=problem.original_length,
       longrope_search=dict(runs=[os.path.abspath(w) for w in problem.workdirs], checkpoint_steps=list(problem.steps),
-                           factor=factor, length=problem.length, **_scored_on(problem), score=best.score,
+                           factor=factor, set=problem.factor_set, length=problem.length, **_scored_on(problem),
+                           score=best.score,
                            origin=best.origin,
                            generation=best.generation, start_scores=by_start, candidates=len(ranked),
                            settings=dataclasses.asdict(settings))))

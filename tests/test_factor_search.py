@@ -97,13 +97,16 @@ def _search(*arguments):
                             env=subprocess_environment(1), capture_output=True, text=True, timeout=600)
 
 
-def _bits_by_hand(workdir: str, factors: tuple, factor: float, length: int, tokens: int) -> float:
+def _bits_by_hand(workdir: str, factors: tuple, factor: float, length: int, tokens: int, original: int = 16,
+                  short: tuple = None, by_length: bool = False) -> float:
   """Mean bits per character over non-overlapping windows of the held-out stream's last `tokens`, each
-  window BOS then its tokens, position 0 unscored, from a model configured here."""
+  window BOS then its tokens, position 0 unscored, from a model configured here: longrope at `factor` with
+  long `factors` and `short` ones (None: 1)."""
   config, task = checkpoints.run_model(workdir)
-  fields = dict(config.position.fields(), rope_extension='longrope', extension_factor=factor, original_length=16,
-                longrope_short_factors=' '.join('1' for _ in factors),
-                longrope_long_factors=' '.join(str(f) for f in factors))
+  short = short or (1,) * len(factors)
+  fields = dict(config.position.fields(), rope_extension='longrope', extension_factor=factor, original_length=original,
+                longrope_short_factors=' '.join(str(f) for f in short),
+                longrope_long_factors=' '.join(str(f) for f in factors), longrope_by_length=by_length)
   kind = fields.pop('kind')
   model = transformer.build_model(config.replace(position=transformer.PositionConfig(kind, **fields)), 'decoder_only')
   params = checkpoints.restore_params(workdir, checkpoints.newest_intact_step(workdir))
@@ -156,4 +159,45 @@ def test_the_command_writes_factors_that_evaluate_reads_and_scores_them_as_compu
       ([rope], 4.0, 32, '--length: got 64; valid: 2 to --tokens (32)')):
     with pytest.raises(ValueError) as refused:
       factor_search.pose_problem(workdirs, factor, None, tokens)
+    assert str(refused.value).startswith(expected), refused.value
+
+
+TRAINED_LONG = (1.0, 1.2, 1.5, 2.0, 2.0, 2.5, 2.5, 2.5)
+
+
+@pytest.mark.slow
+def test_the_short_set_is_searched_within_the_original_length_beside_the_runs_long_set(tmp_path):
+  """A run trained at 16 with longrope (L = 8, s = 2, its long set): --set=short scores candidates at 8 with
+  the set chosen by length, starts from ones and the run's long set, and writes the short set found beside
+  the run's long one; the best score is the bits computed here with that short set. A run without longrope,
+  a length past L and an unknown set are refused naming the flag."""
+  run = str(tmp_path / 'run')
+  trainer.run(smoke_experiment(**dict(TINY_SHAKESPEARE, **{
+      'model.position.rope_extension': 'longrope', 'model.position.extension_factor': 2.0,
+      'model.position.original_length': 8, 'model.position.longrope_short_factors': ' '.join(['1.0'] * 8),
+      'model.position.longrope_long_factors': ' '.join(map(str, TRAINED_LONG))})), run)
+  output = tmp_path / 'search'
+  searched = _search(f'--workdir={run}', '--factor=2', '--set=short', '--tokens=256', '--population=4',
+                     '--generations=1', f'--output={output}')
+  assert searched.returncode == 0, searched.stderr[-2000:]
+  written = json.loads((output / 'config.json').read_text())
+  lines = [json.loads(line) for line in (output / 'search.jsonl').read_text().splitlines()]
+  best = min(lines, key=lambda line: line['score'])
+  assert [line['origin'] for line in lines[:2]] == ['rope', 'trained'] and lines[1]['factors'] == list(TRAINED_LONG)
+  assert written['rope_scaling']['long_factor'] == list(TRAINED_LONG)
+  assert written['rope_scaling']['short_factor'] == best['factors']
+  assert written['longrope_search']['set'] == 'short' and written['longrope_search']['length'] == 8
+  for line in (lines[0], best):
+    assert line['score'] == pytest.approx(_bits_by_hand(run, TRAINED_LONG, 2.0, 8, 256, original=8,
+                                                        short=tuple(line['factors']), by_length=True), rel=1e-5)
+  assert lines[0]['score'] != pytest.approx(_bits_by_hand(run, TRAINED_LONG, 2.0, 8, 256, original=8), rel=1e-3)
+
+  plain = str(tmp_path / 'plain')
+  trainer.run(smoke_experiment(**TINY_SHAKESPEARE), plain)
+  for workdir, length, factor_set, expected in (
+      (plain, None, 'short', '--set: short for runs trained with rope_extension=none; valid: long, or short'),
+      (run, 9, 'short', '--length: got 9 with --set=short; valid: at most the original length 8'),
+      (run, None, 'medium', "--set: got 'medium'; valid: long, short")):
+    with pytest.raises(ValueError) as refused:
+      factor_search.pose_problem([workdir], 2.0, length, 256, factor_set=factor_set)
     assert str(refused.value).startswith(expected), refused.value

@@ -1,7 +1,9 @@
 """LongRoPE's evolutionary search for per-pair rescale factors (Ding et al. 2024, section 3.2), with any
 score to minimise; experiments/longrope_search.py scores a candidate by the runs' bits per character at the
 target length (a language model), or by their cross-entropy on problems of the target length drawn after
-the trainer's evaluation batches (a task that draws its own problems, such as copy).
+the trainer's evaluation batches (a task that draws its own problems, such as copy). It searches the long
+set, for lengths past the original one; or, for runs fine-tuned with longrope, the short set at a length
+within the original one, their long set kept and the set chosen by length (Hugging Face's rule).
 
 A candidate is lambda_1 .. lambda_P: pair p's frequency is divided by lambda_p (rope_extension=longrope,
 transformer/positions/extension.py). The paper's search space: lambda_p in [1, 1.25 s] on a grid of 0.01,
@@ -147,6 +149,8 @@ def frequencies(config: transformer.ModelConfig) -> np.ndarray:
 
 STARTS = ('pi', 'ntk', 'yarn', 'llama3')  # the methods whose implied factors seed the first population
 TRAINED = 'trained'  # and, for a run trained with longrope (fine-tuned with searched factors), its long factors
+ROPE = 'rope'  # a search of the short set also starts from factors of 1: RoPE as trained
+SETS = ('long', 'short')  # the set searched: the long one past the original length, the short one within it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,13 +169,18 @@ class Problem:
   batches: int = 0                 # the evaluation batches scored per run, from first_batch on
   first_batch: int = 0             # the trainer's own evaluation batches end here: the search never reads them
   batch_size: int = 0
+  factor_set: str = 'long'         # the set searched (SETS)
+  long_factors: tuple = ()         # searching the short set: the long set, the run's own, kept as trained
 
 
-def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Optional[int] = None) -> Problem:
+def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Optional[int] = None,
+                 factor_set: str = 'long') -> Problem:
   """The runs (one configuration, each seed once, of a rotary variant), the factor s > 1, the length scored
   (None: the original length times s), and what is scored: a language model's held-out stream's last
   `tokens` (at most half of it), or a task run's `batches` evaluation batches after the trainer's own
-  (None: as many as the trainer's); a ValueError names the flag and what would be valid."""
+  (None: as many as the trainer's); a ValueError names the flag and what would be valid. factor_set
+  'short' searches the short set of runs trained with longrope at a length within the original one (None:
+  the original length; a task's trained problem size), their long set kept, the set chosen by length."""
   lineages = [lineage.of_run(workdir) for workdir in workdirs]
   for workdir, other in zip(workdirs[1:], lineages[1:]):
     if other.configuration != lineages[0].configuration:
@@ -188,11 +197,22 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
     raise ValueError(f'--workdir: a {config.position.kind} run; valid: runs of {", ".join(ROTARY)}')
   if not factor or factor <= 1.0:
     raise ValueError(f'--factor: got {factor}; valid: a number > 1, the length served over the original one')
+  if factor_set not in SETS:
+    raise ValueError(f'--set: got {factor_set!r}; valid: {", ".join(SETS)}')
+  short = factor_set == 'short'
+  if short and not (settings.rope_extension == 'longrope' and settings.longrope_long_factors):
+    raise ValueError(f'--set: short for runs trained with rope_extension={settings.rope_extension}; valid: long, or '
+                     'short for runs trained with longrope, whose long factors the search keeps')
+  long_factors = factor_list(settings.longrope_long_factors) if short else ()
   resolved = run_record.stored_config(workdirs[0])
   original = settings.original_length or long_context.trained_positions(task)
   steps = tuple(checkpoints.newest_intact_step(workdir) for workdir in workdirs)
   if not task_lengths.reads_stream(task):  # lengths count a problem's size, not its tokens
-    length = length or int(round(int(resolved['task']['max_length']) * factor))
+    trained_size = int(resolved['task']['max_length'])
+    length = length or (trained_size if short else int(round(trained_size * factor)))
+    if short and length >= 1 and task.sequence_length(length) > original:
+      raise ValueError(f'--length: got {length} with --set=short; valid: problems whose sequence is within the original '
+                       f'length {original} (up to {trained_size}), which the short set serves')
     trained_batches = int(resolved['task']['eval_batches'])
     batches = trained_batches if batches is None else batches
     if batches < 1:
@@ -201,11 +221,15 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
       raise ValueError(f'--length: got {length}; valid: a positive problem length')
     return Problem(tuple(workdirs), config, resolved, task, steps, original, length, None, 0,
                    seeds=tuple(int(run_record.stored_config(w)['seed']) for w in workdirs), batches=batches,
-                   first_batch=trained_batches, batch_size=int(resolved['train']['batch_size']))
+                   first_batch=trained_batches, batch_size=int(resolved['train']['batch_size']),
+                   factor_set=factor_set, long_factors=long_factors)
   if batches is not None:
     raise ValueError(f'--batches: got {batches} for a {task.settings.name} run; valid: only for a task that draws its '
                      'own problems (a language model is scored on --tokens of its held-out stream)')
-  length = length or int(round(original * factor))
+  length = length or (original if short else int(round(original * factor)))
+  if short and length > original:
+    raise ValueError(f'--length: got {length} with --set=short; valid: at most the original length {original}, '
+                     'which the short set serves')
   stream = task.stream('eval')
   if not 0 < tokens <= len(stream) // 2:
     raise ValueError(f'--tokens: got {tokens}; valid: 1 to {len(stream) // 2}, half the held-out stream (the search '
@@ -213,25 +237,39 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
   if not 2 <= length <= tokens:
     raise ValueError(f'--length: got {length}; valid: 2 to --tokens ({tokens})')
   return Problem(tuple(workdirs), config, resolved, task, steps, original, length,
-                 np.asarray(stream[len(stream) - tokens:]), len(stream) - tokens)
+                 np.asarray(stream[len(stream) - tokens:]), len(stream) - tokens, factor_set=factor_set,
+                 long_factors=long_factors)
+
+
+def factor_sets(problem: Problem, factors: tuple) -> tuple:
+  """(short, long) with the candidate in the set searched: short factors of 1 (RoPE as trained up to the
+  original length) beside a long candidate, or the run's long set beside a short one."""
+  if problem.factor_set == 'short':
+    return tuple(factors), tuple(problem.long_factors)
+  return (1.0,) * len(factors), tuple(factors)
 
 
 def request(problem: Problem, factor: float, factors: tuple, batch_size: int = 8) -> long_context.Request:
-  """longrope at s with these long factors and short factors of 1, over non-overlapping windows of the text."""
-  ones = ' '.join('1.0' for _ in factors)
+  """longrope at s with the candidate in its set (factor_sets), over non-overlapping windows of the text; a
+  short candidate is read with the set chosen by length, so the length scored takes it."""
+  short, long = (' '.join(map(repr, values)) for values in factor_sets(problem, factors))
+  by_length = (('longrope_by_length', True),) if problem.factor_set == 'short' else ()
   return long_context.Request(
       method='longrope', factor=factor, protocol='windows', stride_fraction=0.5,
       tokens=0 if problem.text is None else len(problem.text),  # a task run reads its batches, not a stream
       batch_size=batch_size,
-      position_overrides=(('longrope_short_factors', ones), ('longrope_long_factors', ' '.join(map(repr, factors)))))
+      position_overrides=(('longrope_short_factors', short), ('longrope_long_factors', long)) + by_length)
 
 
 def method_starts(problem: Problem, factor: float) -> dict:
   """{method: the factors it implies} for the first population, and {'trained': its long factors} for runs
   trained with longrope: a search after fine-tuning (the paper's order for its longest models) starts from
-  the factors the model was fine-tuned with, so it can only improve on them on the search's text."""
+  the factors the model was fine-tuned with, so it can only improve on them on the search's text. A search
+  of the short set starts from factors of 1 ('rope') and from the run's long set ('trained')."""
   settings = problem.config.position.settings
   theta_P = frequencies(problem.config)
+  if problem.factor_set == 'short':  # within the original length: RoPE as trained, and the long set it was tuned with
+    return {ROPE: np.ones(len(theta_P)), TRAINED: np.asarray(problem.long_factors)}
   implied = {}
   for method in STARTS:
     method_settings = dataclasses.replace(settings, rope_extension=method, extension_factor=factor,
