@@ -49,7 +49,7 @@ class _Residual(nn.Module):
     return norm(x + drop(sublayer(x), deterministic))
 
 
-def served_length(positions_BxL: chex.Array, valid_BxL: Optional[chex.Array]) -> chex.Array:
+def sequence_length_of(positions_BxL: chex.Array, valid_BxL: Optional[chex.Array]) -> chex.Array:
   """1 + the largest position of a real token: the length of the sequence a pass serves, padding excluded
   (a packed row's longest document when positions restart), as Hugging Face counts it."""
   if valid_BxL is not None:
@@ -91,7 +91,7 @@ class TransformerLayer(nn.Module):
                                         config.attention_key_block_size, config.attention_implementation,
                                         name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
-                                        None if use_cache else served_length(key_positions_BxLk, valid_BxL))
+                                        None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
     # A cached step's mask is explicit: its keys are the cache's slots.
     self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
                                         key_valid_BxLk=valid_BxL if cache_index is None else None,

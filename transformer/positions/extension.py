@@ -36,8 +36,8 @@ length L (the YaRN paper's r(d) = L / lambda_d):
                That length is a full pass's 1 + largest position of a real token (padding excluded),
                or the cache's capacity when decoding, so a cached decoding rotates every token as the
                full pass over its capacity does (Hugging Face switches at the length reached so far and
-               keeps the keys it rotated before). The factors
-               are settings (experiments read them from a Hugging Face config).
+               keeps the keys it rotated before). The factors are settings (experiments read them from a
+               Hugging Face config).
 At s = 1 every method but longrope is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
 """
 
@@ -153,13 +153,13 @@ def yarn_magnitude(factor: float) -> float:
   return 0.1 * math.log(factor) + 1.0
 
 
-def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, served_length=None):
+def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, sequence_length=None):
   """(theta', magnitude) of a static method: the frequencies and the factor on queries and keys.
-  served_length: the length of the sequence served (an int, or a traced scalar in cached steps), which
-  LongRoPE's set reads with longrope_by_length; None: s L, the length the factor names."""
+  sequence_length: the length of the sequence served (an int, or a traced scalar), which LongRoPE's set
+  reads with longrope_by_length; None: s L, the length the factor names."""
   method, factor = settings.rope_extension, settings.extension_factor
   if method == 'longrope':
-    return longrope_frequencies(theta_P, settings, served_length)
+    return longrope_frequencies(theta_P, settings, sequence_length)
   if method == 'none' or factor == 1.0:
     return theta_P, 1.0
   if method == 'pi':
@@ -175,9 +175,9 @@ def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, serve
   raise ValueError(f'position.rope_extension: got {method!r}; valid: pi, ntk, yarn, llama3 (static methods)')
 
 
-def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, served_length=None):
-  """(theta_p / lambda_p, attention factor): the long set for s > 1 (with longrope_by_length: for a served
-  length above L), else the short set; the attention factor sqrt(1 + ln s / ln L) for s > 1, else 1, or
+def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, sequence_length=None):
+  """(theta_p / lambda_p, attention factor): the long set for s > 1 (with longrope_by_length: for a
+  sequence longer than L), else the short set; the attention factor sqrt(1 + ln s / ln L) for s > 1, else 1, or
   the setting's."""
   factor, original = settings.extension_factor, settings.original_length
   short_P, long_P = (jnp.asarray(factor_list(text), jnp.float32)
@@ -185,10 +185,10 @@ def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, serve
   chex.assert_equal_shape([short_P, long_P, theta_P])
   if not settings.longrope_reads_length():
     rescale_P = long_P if factor > 1.0 else short_P
-  elif served_length is None or isinstance(served_length, int):
-    rescale_P = long_P if (factor * original if served_length is None else served_length) > original else short_P
+  elif sequence_length is None or isinstance(sequence_length, int):
+    rescale_P = long_P if (factor * original if sequence_length is None else sequence_length) > original else short_P
   else:
-    rescale_P = jnp.where(served_length > original, long_P, short_P)
+    rescale_P = jnp.where(sequence_length > original, long_P, short_P)
   magnitude = settings.longrope_attention_factor or (
       math.sqrt(1.0 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0)
   return theta_P / rescale_P, magnitude

@@ -70,7 +70,7 @@ def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000
   return rotate_by(x_BxLxHxK, positions_BxL, rope_frequencies(head_dim, base))
 
 
-SERVED_LENGTH = 'longrope_served_length'  # the cache's entry for the capacity, with longrope_by_length
+CAPACITY = 'longrope_capacity'  # the cache's entry for its capacity, with longrope_by_length
 
 
 class RotaryLayer(LayerPositions):
@@ -91,7 +91,7 @@ class RotaryLayer(LayerPositions):
     """With LongRoPE's set chosen by length, the first call of a cached decoding keeps the cache's capacity
     (its input's length), which later calls' rotate() reads."""
     if use_cache and self.settings.longrope_reads_length():
-      self.variable('cache', SERVED_LENGTH, lambda: jnp.asarray(inputs_BxLqxD.shape[1], jnp.int32))
+      self.variable('cache', CAPACITY, lambda: jnp.asarray(inputs_BxLqxD.shape[1], jnp.int32))
     return shared
 
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
@@ -102,10 +102,11 @@ class RotaryLayer(LayerPositions):
         return query_BxLqxHxK, key_BxLkxHxK
       theta_P, magnitude = jnp.zeros(head_dim // 2, jnp.float32), 1.0
     else:
-      served_length = k_positions_BxLk.shape[1] if sequence_length is None else sequence_length
-      if self.has_variable('cache', SERVED_LENGTH):  # a cached decoding: its capacity
-        served_length = self.get_variable('cache', SERVED_LENGTH)
-      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings, served_length)
+      if sequence_length is None:
+        sequence_length = k_positions_BxLk.shape[1]
+      if self.has_variable('cache', CAPACITY):  # a cached decoding: its capacity
+        sequence_length = self.get_variable('cache', CAPACITY)
+      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings, sequence_length)
     return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
             rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale, magnitude))
 
