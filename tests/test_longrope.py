@@ -13,6 +13,7 @@ import pytest
 import transformer as T
 from experiments.runs import rope_scaling
 from tests.helpers import cached_logits, init, tiny, tokens
+from transformer.blocks import sequence_length_of
 from transformer.positions import extension, rope
 
 HEAD_DIM, BASE, ORIGINAL = 16, 10000.0, 64
@@ -134,6 +135,15 @@ def test_by_length_padding_changes_nothing():
   unpadded = model.apply(params, inputs)
   np.testing.assert_allclose(model.apply(params, padded, valid_BxL=valid)[:, :7], unpadded, atol=2e-5, rtol=1e-5)
   assert not np.allclose(model.apply(params, padded)[:, :7], unpadded, atol=1e-3)
+
+
+def test_the_sequence_length_is_one_past_the_largest_position_of_a_real_token():
+  """Hugging Face's count: padding excluded, and a packed row's longest document where positions restart."""
+  positions = jnp.array([[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 2]])
+  assert int(sequence_length_of(positions, None)) == 6
+  assert int(sequence_length_of(positions, positions < 3)) == 3
+  assert int(sequence_length_of(positions[1:], None)) == 3
+  assert int(sequence_length_of(jnp.arange(6)[None], jnp.array([[True] * 4 + [False] * 2] * 2))) == 4  # 1 x L, B x L
 
 
 @pytest.mark.parametrize('original', [3, 8])
