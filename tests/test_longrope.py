@@ -104,10 +104,10 @@ def test_by_length_the_sequence_picks_the_set_as_hugging_face_does(factor, serve
                              hugging_face_longrope(factor, int(factor * ORIGINAL))[0], rtol=1e-6)
 
 
-def _by_length_model(original, long_factors='1 1.5 3 6', by_length=True):
+def _by_length_model(original, long_factors='1 1.5 3 6', by_length=True, **position):
   return T.DecoderOnly(tiny('rope', position=dict(
       rope_extension='longrope', extension_factor=2.5, original_length=original, longrope_by_length=by_length,
-      longrope_short_factors='1 1.2 0.8 2', longrope_long_factors=long_factors)))
+      longrope_short_factors='1 1.2 0.8 2', longrope_long_factors=long_factors, **position)))
 
 
 def test_by_length_a_model_reads_the_short_set_up_to_the_original_length_and_the_long_set_past_it():
@@ -146,6 +146,37 @@ def test_the_sequence_length_is_one_past_the_largest_position_of_a_real_token():
   assert int(sequence_length_of(jnp.arange(6)[None], jnp.array([[True] * 4 + [False] * 2] * 2))) == 4  # 1 x L, B x L
 
 
+def test_keep_first_rotates_the_first_positions_as_trained_as_the_authors_code_does():
+  """n-hat = 5: the authors' mixed embedding, cos and sin of the long set times the attention factor with
+  their first 5 rows replaced by RoPE's own (no factor), transcribed in numpy."""
+  layer = rope.Rope(settings=_settings(4.0, longrope_keep_first=5), num_heads=1, head_dim=HEAD_DIM,
+                    model_dim=HEAD_DIM, num_layers=1, causal=True)
+  x_1xLx1xK = jax.random.normal(jax.random.PRNGKey(2), (1, 40, 1, HEAD_DIM))
+  positions = jnp.arange(40)[None]
+  rotated, _ = layer.apply({}, x_1xLx1xK, x_1xLx1xK, positions, positions, method=layer.rotate)
+  inv_freq, attention_factor = hugging_face_longrope(4.0, 256)
+  angle = np.arange(40)[:, None] * inv_freq[None]
+  cos, sin = np.cos(angle) * attention_factor, np.sin(angle) * attention_factor
+  trained_angle = np.arange(5)[:, None] * BASE ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)[None]
+  cos[:5], sin[:5] = np.cos(trained_angle), np.sin(trained_angle)
+  x = np.asarray(x_1xLx1xK, np.float64)[0, :, 0]
+  even, odd = x[:, 0::2], x[:, 1::2]
+  ours = np.asarray(rotated)[0, :, 0]
+  np.testing.assert_allclose(ours[:, 0::2], even * cos - odd * sin, atol=2e-5)
+  np.testing.assert_allclose(ours[:, 1::2], even * sin + odd * cos, atol=2e-5)
+
+
+def test_keep_first_cached_decoding_is_the_full_pass_and_zero_keeps_nothing():
+  inputs = tokens(2, 7, seed=4)
+  model = _by_length_model(3, by_length=False, longrope_keep_first=2)
+  params = init(model, inputs)
+  whole = model.apply(params, inputs)
+  np.testing.assert_allclose(cached_logits(model, params, inputs, (2, 1, 1, 3)), whole, atol=2e-5, rtol=1e-5)
+  assert not np.allclose(whole, _by_length_model(3, by_length=False).apply(params, inputs), atol=1e-4)
+  np.testing.assert_array_equal(_by_length_model(3, by_length=False, longrope_keep_first=0).apply(params, inputs),
+                                _by_length_model(3, by_length=False).apply(params, inputs))
+
+
 @pytest.mark.parametrize('original', [3, 8])
 def test_by_length_cached_decoding_is_the_full_pass_over_the_capacity(original):
   """A capacity of 7 past L = 3 rotates with the long set from the first chunk (2 tokens, within L), one
@@ -164,6 +195,7 @@ def test_by_length_cached_decoding_is_the_full_pass_over_the_capacity(original):
     (dict(original_length=1), r'position\.original_length: got 1; valid: the training length \(> 1\)'),
     (dict(longrope_attention_factor=-1.0), r'position\.longrope_attention_factor: got -1.0; valid: a finite'),
     (dict(longrope_by_length='yes'), r"position\.longrope_by_length: got 'yes'; valid: true or false"),
+    (dict(longrope_keep_first=-1), r'position\.longrope_keep_first: got -1; valid: an integer >= 0'),
 ])
 def test_bad_settings_are_refused_in_one_line(fields, message):
   with pytest.raises(ValueError, match=message):

@@ -36,8 +36,10 @@ length L (the YaRN paper's r(d) = L / lambda_d):
                That length is a full pass's 1 + largest position of a real token (padding excluded),
                or the cache's capacity when decoding, so a cached decoding rotates every token as the
                full pass over its capacity does (Hugging Face switches at the length reached so far and
-               keeps the keys it rotated before). The factors are settings (experiments read them from a
-               Hugging Face config).
+               keeps the keys it rotated before). With longrope_keep_first = n (the paper's n-hat, which
+               Hugging Face does not have) positions below n rotate as trained, theta_p and no attention
+               factor, as the authors' code swaps in RoPE's own cos and sin there. The factors are settings
+               (experiments read them from a Hugging Face config).
 At s = 1 every method but longrope is RoPE exactly. Angles stay float32 (rope.rotate_by) whatever the compute dtype.
 """
 
@@ -73,6 +75,7 @@ class ExtensionSettings(Settings):
   longrope_long_factors: str = ''            # LongRoPE: lambda_p of each pair, used at s > 1
   longrope_attention_factor: float = 0.0     # LongRoPE: queries' and keys' factor; 0: sqrt(1 + ln s / ln L)
   longrope_by_length: bool = False           # LongRoPE: the set by the sequence's length against L, not by s
+  longrope_keep_first: int = 0               # LongRoPE: the paper's n-hat, the first positions rotated as trained
 
   def check(self):
     require(self.rope_extension in METHODS, 'position.rope_extension', self.rope_extension, ', '.join(METHODS))
@@ -107,6 +110,9 @@ class ExtensionSettings(Settings):
             'a finite number > 0, or 0 for sqrt(1 + ln s / ln L)')
     require(isinstance(self.longrope_by_length, bool), 'position.longrope_by_length', self.longrope_by_length,
             'true or false')
+    require(isinstance(self.longrope_keep_first, int) and not isinstance(self.longrope_keep_first, bool)
+            and self.longrope_keep_first >= 0, 'position.longrope_keep_first', self.longrope_keep_first,
+            'an integer >= 0, the first positions rotated as trained (0: none)')
 
   def check_attention(self, num_heads, head_dim, causal):
     if self.rope_extension == 'longrope':
@@ -118,6 +124,10 @@ class ExtensionSettings(Settings):
   def longrope_reads_length(self) -> bool:
     """Whether the length of the sequence served picks LongRoPE's factor set (longrope_by_length)."""
     return self.rope_extension == 'longrope' and self.longrope_by_length
+
+  def longrope_keeps_first(self) -> int:
+    """How many first positions LongRoPE leaves rotated as trained (longrope_keep_first; 0 for other methods)."""
+    return self.longrope_keep_first if self.rope_extension == 'longrope' else 0
 
   def per_query(self) -> bool:
     """Whether each query has its own frequencies (dynamic_ntk): the rotation is then a logits term."""

@@ -70,6 +70,14 @@ def rotate(x_BxLxHxK: chex.Array, positions_BxL: chex.Array, base: float = 10000
   return rotate_by(x_BxLxHxK, positions_BxL, rope_frequencies(head_dim, base))
 
 
+def _keeping_first(x_BxLxHxK, positions_BxL, theta_P, trained_P, scale_BxLxP, magnitude, keep_first: int):
+  """x rotated by theta and the magnitude, but at positions below keep_first by the trained frequencies and
+  no magnitude: LongRoPE's n-hat."""
+  kept_BxLx1x1 = (positions_BxL < keep_first)[:, :, None, None]
+  return jnp.where(kept_BxLx1x1, rotate_by(x_BxLxHxK, positions_BxL, trained_P, scale_BxLxP),
+                   rotate_by(x_BxLxHxK, positions_BxL, theta_P, scale_BxLxP, magnitude))
+
+
 CAPACITY = 'longrope_capacity'  # the cache's entry for its capacity, with longrope_by_length
 
 
@@ -107,6 +115,12 @@ class RotaryLayer(LayerPositions):
       if self.has_variable('cache', CAPACITY):  # a cached decoding: its capacity
         sequence_length = self.get_variable('cache', CAPACITY)
       theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings, sequence_length)
+      keep_first = self.settings.longrope_keeps_first()
+      if keep_first:
+        return (_keeping_first(query_BxLqxHxK, q_positions_BxLq, theta_P, self.frequencies(head_dim), q_scale,
+                               magnitude, keep_first),
+                _keeping_first(key_BxLkxHxK, k_positions_BxLk, theta_P, self.frequencies(head_dim), k_scale,
+                               magnitude, keep_first))
     return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
             rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale, magnitude))
 
