@@ -114,13 +114,12 @@ class RotaryLayer(LayerPositions):
         sequence_length = k_positions_BxLk.shape[1]
       if self.has_variable('cache', CAPACITY):  # a cached decoding: its capacity
         sequence_length = self.get_variable('cache', CAPACITY)
-      theta_P, magnitude = extended_frequencies(self.frequencies(head_dim), self.settings, sequence_length)
+      trained_P = self.frequencies(head_dim)
+      theta_P, magnitude = extended_frequencies(trained_P, self.settings, sequence_length)
       keep_first = self.settings.longrope_keeps_first()
       if keep_first:
-        return (_keeping_first(query_BxLqxHxK, q_positions_BxLq, theta_P, self.frequencies(head_dim), q_scale,
-                               magnitude, keep_first),
-                _keeping_first(key_BxLkxHxK, k_positions_BxLk, theta_P, self.frequencies(head_dim), k_scale,
-                               magnitude, keep_first))
+        return (_keeping_first(query_BxLqxHxK, q_positions_BxLq, theta_P, trained_P, q_scale, magnitude, keep_first),
+                _keeping_first(key_BxLkxHxK, k_positions_BxLk, theta_P, trained_P, k_scale, magnitude, keep_first))
     return (rotate_by(query_BxLqxHxK, q_positions_BxLq, theta_P, q_scale, magnitude),
             rotate_by(key_BxLkxHxK, k_positions_BxLk, theta_P, k_scale, magnitude))
 
