@@ -85,6 +85,7 @@ def _add_train(config: ml_collections.ConfigDict) -> None:
   config.train.steps = 2000            # optimisation steps
   config.train.batch_size = 64         # global batch, split over every device of every host
   config.train.gradient_accumulation = 1  # microbatches per step (batch_size stays the global batch): less memory
+  config.train.eval_microbatches = 1   # microbatches per evaluation batch (the same sums): less memory at long lengths
   config.train.optimizer = 'adamw'     # 'adamw' or 'adam'
   config.train.learning_rate = 1e-3    # peak learning rate
   config.train.schedule = 'warmup_rsqrt'  # 'warmup_rsqrt' (the paper), 'warmup_cosine', 'constant'

@@ -114,11 +114,11 @@ def test_changes_that_would_misdescribe_the_run_are_refused(tmp_path, smoke_run,
 @pytest.mark.slow
 def test_resumable_changes_to_an_unfinished_run_are_recorded_with_their_step(tmp_path, smoke_run):
   _unfinished(smoke_run, tmp_path)
-  changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel.mode': 'mesh'}
+  changed = {'train.log_every': 2, 'task.eval_lengths': (6, 12, 24), 'parallel.mode': 'mesh', 'train.eval_microbatches': 2}
   trainer.run(smoke_experiment(**changed), str(tmp_path))
   record = json.loads((tmp_path / 'config_changes.jsonl').read_text())
   assert record == {'step': 10, 'changes': {'parallel.mode': ['pmap', 'mesh'], 'task.eval_lengths': [[6, 12], [6, 12, 24]],
-                                            'train.log_every': [5, 2]}}
+                                            'train.eval_microbatches': [1, 2], 'train.log_every': [5, 2]}}
   stored = run_record.stored_config(str(tmp_path))
   assert stored == run_record.canonical(settings.to_dict(smoke_experiment(**changed)))
   assert run_record.is_finished(str(tmp_path), stored)

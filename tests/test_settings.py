@@ -29,6 +29,9 @@ BAD_VALUES = [  # (overrides on configs/smoke.py, what the one line must say); 8
     ({'train.gradient_accumulation': 0}, 'train.gradient_accumulation: got 0; valid: a positive number'),
     ({'train.batch_size': 16, 'train.gradient_accumulation': 4},
      'train.batch_size: got 16 with train.gradient_accumulation=4 on 8 device(s); valid: a multiple of 32'),
+    ({'train.eval_microbatches': 0}, 'train.eval_microbatches: got 0; valid: a positive number'),
+    ({'train.batch_size': 16, 'train.eval_microbatches': 4},
+     'train.eval_microbatches: got 4 with train.batch_size=16 on 8 device(s); valid: a divisor of 2'),
     ({'parallel.mode': 'fsdp'}, "parallel.mode: got 'fsdp'; valid: pmap, mesh"),
     ({'parallel.fsdp': 8}, 'parallel.fsdp: got 8 with parallel.mode=pmap, which replicates parameters; valid: 1, or '
                            'parallel.mode=mesh'),

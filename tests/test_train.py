@@ -101,6 +101,21 @@ def test_gradient_accumulation_gives_the_losses_of_the_whole_batch(tmp_path, par
   np.testing.assert_allclose(four, whole, rtol=1e-5)
 
 
+def test_evaluation_in_microbatches_gives_the_metrics_of_the_whole_batch(tmp_path, smoke_run):
+  """Each evaluation batch of 16 (2 rows per device on 8) as 2 microbatches whose sums are added up in turn: the
+  same evaluation records as the whole batch at once, and the training untouched."""
+  trainer.run(smoke_experiment(**{'train.eval_microbatches': 2}), str(tmp_path))
+  whole, split = read_metrics(smoke_run), read_metrics(str(tmp_path))
+  assert ([r for r in without_wall_clock(split) if r['split'] == 'train']
+          == [r for r in without_wall_clock(whole) if r['split'] == 'train'])
+  evaluations = [[r for r in records if r['split'] == 'eval'] for records in (whole, split)]
+  assert [(r['step'], r['length']) for r in evaluations[1]] == [(r['step'], r['length']) for r in evaluations[0]]
+  assert len(evaluations[0]) == 4
+  for whole_record, split_record in zip(*evaluations):
+    for name in ('loss', 'token_accuracy', 'sequence_accuracy'):
+      np.testing.assert_allclose(split_record[name], whole_record[name], rtol=1e-5, err_msg=name)
+
+
 @pytest.mark.slow
 def test_pmap_and_mesh_agree(tmp_path, smoke_run):
   trainer.run(smoke_experiment(**{'parallel.mode': 'mesh'}), str(tmp_path / 'mesh'))

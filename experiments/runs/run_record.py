@@ -28,7 +28,7 @@ INIT_FROM_FILE = 'init_from.json'  # a fine-tune's source and the step it starte
 # record without one ran with that value, so it is read as having it.
 ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed': 'fsdp',
                 'parallel.rules.heads': 'tensor', 'parallel.rules.mlp': 'tensor', 'parallel.rules.vocab': '',
-                'train.gradient_accumulation': 1, 'task.path': '', 'task.packing': 'stream',
+                'train.gradient_accumulation': 1, 'train.eval_microbatches': 1, 'task.path': '', 'task.packing': 'stream',
                 'task.passkey_fraction': 0.0, 'task.needle_fraction': 0.0, 'task.needles': 4,
                 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto',
                 'model.position.interpolation_factor': 1.0, 'model.position.temperature_scale': 0.0,
@@ -42,6 +42,8 @@ RESUMABLE_FIELDS = {
                    'whose learning rate at every step depends on it)',
     'train.gradient_accumulation': 'how many microbatches one step\'s gradient is added up from (the same update, '
                                    'up to float summation order)',
+    'train.eval_microbatches': 'how many microbatches an evaluation batch\'s sums are added up from (the same sums, up '
+                               'to float summation order)',
     'model.remat': 'what a layer keeps for its backward pass and what it recomputes (the same gradients)',
     'train.log_every': 'how often training metrics are written',
     'train.eval_every': 'how often the evaluation runs',

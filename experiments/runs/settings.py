@@ -47,6 +47,7 @@ class TrainSettings:
   checkpoint_every: int
   keep_checkpoints: int
   gradient_accumulation: int = 1  # microbatches per step, their gradients added before the update
+  eval_microbatches: int = 1  # microbatches per evaluation batch, their sums added (less memory at long lengths)
   init_from: str = ''  # a run's workdir whose newest parameters start this run (fresh optimizer state)
 
 
@@ -244,8 +245,8 @@ def _task_settings(section) -> TaskSettings:
 def _train_settings(section, num_devices: int) -> TrainSettings:
   """The train section, each field checked; the global batch must split over the devices."""
   train = TrainSettings(**_section(section, 'train.', TrainSettings))
-  for name in ('steps', 'batch_size', 'gradient_accumulation', 'learning_rate', 'log_every', 'eval_every', 'checkpoint_every',
-               'keep_checkpoints'):
+  for name in ('steps', 'batch_size', 'gradient_accumulation', 'eval_microbatches', 'learning_rate', 'log_every',
+               'eval_every', 'checkpoint_every', 'keep_checkpoints'):
     _positive(f'train.{name}', getattr(train, name))
   for name in ('warmup_steps', 'weight_decay'):
     _positive(f'train.{name}', getattr(train, name), allow_zero=True)
@@ -270,6 +271,10 @@ def _train_settings(section, num_devices: int) -> TrainSettings:
                       f'{train.gradient_accumulation} on {num_devices} device(s); valid: a multiple of '
                       f'{num_devices * train.gradient_accumulation} (every device splits its share into that many '
                       f'equal microbatches)')
+  if train.batch_size % (num_devices * train.eval_microbatches):
+    raise ConfigError(f'train.eval_microbatches: got {train.eval_microbatches} with train.batch_size='
+                      f'{train.batch_size} on {num_devices} device(s); valid: a divisor of {train.batch_size // num_devices} '
+                      f'(every device splits its share of an evaluation batch into that many equal microbatches)')
   return train
 
 

@@ -109,9 +109,8 @@ def train_step(state: TrainState, batch: dict, seed, *, model, task, experiment:
 
 def _summed_gradients(params, batch: dict, forward, dropout_key, accumulation: int):
   """(d loss_sum / d params, sums) of one device's batch, computed over `accumulation` microbatches in turn
-  (a lax.scan: one microbatch's activations alive at a time) and added up. Microbatch i holds examples
-  i, i + k, i + 2k, ... (k = accumulation), so that a batch sharded in contiguous blocks over devices keeps
-  every device's share of every microbatch where it is. The sums are additive: the result is the whole
+  (a lax.scan: one microbatch's activations alive at a time) and added up; microbatches as
+  split_microbatches cuts them. The sums are additive: the result is the whole
   batch's up to float summation order. Microbatch i draws dropout from fold_in(dropout_key, i)."""
   def loss_sum(p, microbatch, key):
     sums = forward(p, microbatch, dropout_key=key)
@@ -122,8 +121,7 @@ def _summed_gradients(params, batch: dict, forward, dropout_key, accumulation: i
 
   if accumulation == 1:
     return gradient(batch, dropout_key)
-  microbatches = jax.tree_util.tree_map(
-      lambda x: jnp.swapaxes(x.reshape(x.shape[0] // accumulation, accumulation, *x.shape[1:]), 0, 1), batch)
+  microbatches = split_microbatches(batch, accumulation)
 
   def add_one(totals, index_and_microbatch):
     index, microbatch = index_and_microbatch
@@ -136,7 +134,28 @@ def _summed_gradients(params, batch: dict, forward, dropout_key, accumulation: i
   return totals
 
 
-def eval_step(params, batch: dict, *, model, task, axis_name: Optional[str] = None) -> dict:
-  sums = _forward_sums(params, batch, model=model, task=task, label_smoothing=0.0, dropout_key=None,
-                       deterministic=True)
+def split_microbatches(batch: dict, count: int) -> dict:
+  """batch's leaves, B x ... -> count x (B / count) x ...: microbatch i holds examples i, i + count, i + 2 count,
+  ..., so a batch sharded over devices in contiguous blocks keeps every device's share of every microbatch."""
+  return jax.tree_util.tree_map(lambda x: jnp.swapaxes(x.reshape(x.shape[0] // count, count, *x.shape[1:]), 0, 1),
+                                batch)
+
+
+def eval_step(params, batch: dict, *, model, task, axis_name: Optional[str] = None, microbatches: int = 1) -> dict:
+  """The batch's summed metrics, computed over `microbatches` microbatches in turn (a lax.scan: one microbatch's
+  activations alive at a time, so an evaluation at a long length fits where the whole batch would not) and
+  added up: the whole batch's sums up to float summation order."""
+  def sums_of(microbatch):
+    return _forward_sums(params, microbatch, model=model, task=task, label_smoothing=0.0, dropout_key=None,
+                         deterministic=True)
+
+  if microbatches == 1:
+    sums = sums_of(batch)
+  else:
+    def add_one(totals, microbatch):
+      return jax.tree_util.tree_map(jnp.add, totals, sums_of(microbatch)), None
+
+    split = split_microbatches(batch, microbatches)
+    shapes = jax.eval_shape(sums_of, jax.tree_util.tree_map(lambda x: x[0], split))
+    sums, _ = jax.lax.scan(add_one, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), split)
   return jax.lax.psum(sums, axis_name) if axis_name is not None else sums

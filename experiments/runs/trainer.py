@@ -114,8 +114,8 @@ def log_memory(memory: dict, replicas: int = 1) -> None:
 def _train(experiment, runs: Runs, task, model, placement, replicas, train_step, stop) -> list[dict]:
   """The step loop, from runs.start_step to train.steps; each run's last evaluation."""
   state = placement.put_state(replicas.join(runs.states))
-  eval_step = placement.compile_eval_step(replicas.eval_step(functools.partial(steps.eval_step, model=model,
-                                                                               task=task)))
+  eval_step = placement.compile_eval_step(replicas.eval_step(functools.partial(
+      steps.eval_step, model=model, task=task, microbatches=experiment.train.eval_microbatches)))
   train, step = experiment.train, runs.start_step
   runs.begin()
 
