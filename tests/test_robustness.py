@@ -251,6 +251,8 @@ def test_metrics_cut_below_what_a_checkpoint_covers_resume_from_one_they_cover(t
 
 @pytest.mark.slow
 def test_the_metrics_a_checkpoint_covers_are_fsynced_before_it_is_written(tmp_path, monkeypatch):
+  """Every record up to its step but that step's evaluation, which follows the checkpoint and which it says
+  follows."""
   events = []
   real_fsync, real_save = os.fsync, checkpoints.Checkpoints.save
 
@@ -259,7 +261,7 @@ def test_the_metrics_a_checkpoint_covers_are_fsynced_before_it_is_written(tmp_pa
     return real_fsync(descriptor)
 
   def save(self, step, host_state, covers=None):
-    events.append(('checkpoint', step, covers['records']))
+    events.append(('checkpoint', step, covers['records'], covers.get('evaluation_follows')))
     return real_save(self, step, host_state, covers)
 
   monkeypatch.setattr(os, 'fsync', fsync)
@@ -268,10 +270,11 @@ def test_the_metrics_a_checkpoint_covers_are_fsynced_before_it_is_written(tmp_pa
   saves = [i for i, event in enumerate(events) if event[0] == 'checkpoint']
   assert [events[i][1] for i in saves] == [10, 20]
   records = read_metrics(str(tmp_path))
-  for index in saves:
+  for index in saves:  # steps 10 and 20 are evaluation steps too: each checkpoint comes before its evaluation
     assert events[index - 1] == ('fsync', 'metrics.jsonl')
-    step, covered = events[index][1], events[index][2]
-    assert covered == len([r for r in records if r['step'] <= step])
+    _, step, covered, evaluation_follows = events[index]
+    assert covered == len([r for r in records if r['step'] < step or (r['step'] == step and r['split'] == 'train')])
+    assert evaluation_follows is True
 
 
 @pytest.mark.slow

@@ -129,6 +129,35 @@ def test_resume_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path, smoke_ru
   assert without_wall_clock(read_metrics(str(tmp_path / 'resumed'))) == without_wall_clock(read_metrics(smoke_run))
 
 
+@pytest.mark.parametrize('failing_step', [10, 20])
+def test_an_evaluation_that_fails_loses_no_training_and_the_resume_evaluates_first(tmp_path, smoke_run,
+                                                                                   monkeypatch, failing_step):
+  """The checkpoint at an evaluation step is written before the evaluation. One that fails there (out of memory
+  at a long length, say) leaves that checkpoint, and the rerun evaluates that step before anything else: the
+  records of the run that never failed, the last step (no summary yet) included."""
+  real_evaluate = trainer.evaluate
+
+  def failing(*args, **kwargs):
+    if args[5] == failing_step:
+      raise MemoryError('out of memory in the evaluation')
+    return real_evaluate(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, 'evaluate', failing)
+  with pytest.raises(MemoryError):
+    trainer.run(smoke_experiment(), str(tmp_path))
+  assert sorted(int(name) for name in os.listdir(tmp_path / 'checkpoints') if name.isdigit())[-1] == failing_step
+  assert not (tmp_path / 'summary.json').exists()
+  monkeypatch.setattr(trainer, 'evaluate', real_evaluate)
+  trainer.run(smoke_experiment(), str(tmp_path))
+  assert without_wall_clock(read_metrics(str(tmp_path))) == without_wall_clock(read_metrics(smoke_run))
+  summaries = []
+  for workdir in (str(tmp_path), smoke_run):
+    with open(os.path.join(workdir, 'summary.json')) as file:
+      evaluation = json.load(file)['evaluation']
+    summaries.append({length: without_wall_clock([record]) for length, record in evaluation.items()})
+  assert summaries[0] == summaries[1] and len(summaries[0]) == 2
+
+
 @pytest.mark.slow
 def test_dropout_runs_and_differs_from_no_dropout(tmp_path, smoke_run):
   trainer.run(smoke_experiment(**{'model.dropout_rate': 0.3}), str(tmp_path / 'dropout'))

@@ -150,8 +150,13 @@ class Runs:
     steps = self.experiments[0].train.steps
     self.finished = [self.start_step >= steps and os.path.exists(path) for path in self.summaries]
     self.all_finished = all(self.finished)
-    # A run killed between its final checkpoint and summary.json evaluates again: drop that evaluation.
-    self.final_evaluation_pending = self.start_step >= steps
+    # The checkpoint at an evaluation step is written before that evaluation (so a failed evaluation costs no
+    # training), and says so in what it covers: the resume evaluates that step first. So does a run killed
+    # between its final checkpoint and summary.json (from before that order, its covered records may hold the
+    # final evaluation: dropped, then redone).
+    final = self.start_step >= steps
+    self.evaluation_pending = bool(self.start_step) and (final or any(
+        (covered or {}).get('evaluation_follows', False) for _, _, covered in restored))
     if self.all_finished:
       logging.info('the run%s finished earlier (step %d); nothing to do', 's' if len(self.workdirs) > 1 else '',
                    self.start_step)
@@ -164,7 +169,7 @@ class Runs:
         self.writers.append(None)
         continue
       if self.primary:
-        metrics_file.restore(workdir, self.start_step, covered, drop_evaluation_at_step=self.final_evaluation_pending)
+        metrics_file.restore(workdir, self.start_step, covered, drop_evaluation_at_step=self.evaluation_pending)
       self.writers.append(metrics_file.MetricsWriter(workdir, self.primary))
     self.active = [writer is not None for writer in self.writers]
 
@@ -256,11 +261,15 @@ class Runs:
       logging.error('%s; the other seeds train on', message)
     self.diverged.append(message)
 
-  def save(self, step: int, states: list) -> None:
-    """A checkpoint of every active run at step, with the metrics lines it covers."""
+  def save(self, step: int, states: list, evaluation_follows: bool = False) -> None:
+    """A checkpoint of every active run at step, with the metrics lines it covers and whether the evaluation at
+    this step comes after it (not among those lines: a resume from it runs that evaluation first)."""
     for i, checkpoints in enumerate(self.checkpoints):
       if self.active[i]:
-        checkpoints.save(step, states[i], covers=self.writers[i].sync())
+        covers = self.writers[i].sync()
+        if covers is not None and evaluation_follows:
+          covers = dict(covers, evaluation_follows=True)
+        checkpoints.save(step, states[i], covers=covers)
 
   def finish(self, step: int, last_evaluation: list[dict]) -> None:
     """At the last step, each active run's summary.json, the marker of a finished run, written last;

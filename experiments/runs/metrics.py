@@ -60,7 +60,7 @@ def missing_records(workdir: str, covered: dict) -> Optional[str]:
   lines = whole_lines(os.path.join(workdir, METRICS_FILE))
   if len(lines) < covered['records']:
     return f'{METRICS_FILE} holds {len(lines)} whole records, fewer than the {covered["records"]} it covers'
-  if coverage(lines[:covered['records']]) != covered:
+  if coverage(lines[:covered['records']]) != {name: covered[name] for name in ('records', 'sha256')}:
     return f'the first {covered["records"]} records of {METRICS_FILE} are not the ones it covers'
   return None
 

@@ -1,4 +1,4 @@
-"""The training loop: batch, step, log, evaluate, checkpoint. Everything around it (locks, run records,
+"""The training loop: batch, step, log, checkpoint, evaluate. Everything around it (locks, run records,
 resume, checkpoints, divergence, the finished marker) is lifecycle.Runs, which the loop calls at named
 moments; a SIGTERM/SIGINT saves a checkpoint and returns, a non-finite loss stops its run loudly."""
 
@@ -126,7 +126,7 @@ def _train(experiment, runs: Runs, task, model, placement, replicas, train_step,
   def due(every):
     return step % every == 0 or step == train.steps
 
-  last_evaluation = evaluate_now(step) if runs.final_evaluation_pending else [{} for _ in replicas.seeds]
+  last_evaluation = evaluate_now(step) if runs.evaluation_pending else [{} for _ in replicas.seeds]
   stop.check()  # nothing trained yet in this process: a stop here has nothing to save
   rows = placement.host_rows(train.batch_size)
   with _Progress(step, train.steps, task.headline_metric) as progress:
@@ -140,13 +140,14 @@ def _train(experiment, runs: Runs, task, model, placement, replicas, train_step,
                                              log_now=due(train.log_every)))
       if not runs.any_active:
         break
+      # The checkpoint first: an evaluation that fails (out of memory at a long length) loses no training.
+      if stop.requested or due(train.checkpoint_every):
+        if stop.requested:
+          logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.requested, step)
+        runs.save(step, replicas.split(placement.checkpoint_state(state)), evaluation_follows=due(train.eval_every))
+      if stop.requested:
+        break
       if due(train.eval_every):
         last_evaluation = evaluate_now(step)
-      if stop.requested:
-        logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.requested, step)
-        runs.save(step, replicas.split(placement.checkpoint_state(state)))
-        break
-      if due(train.checkpoint_every):
-        runs.save(step, replicas.split(placement.checkpoint_state(state)))
   runs.finish(step, last_evaluation)
   return last_evaluation
