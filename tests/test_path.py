@@ -50,6 +50,26 @@ def test_the_chunked_form_is_the_product_of_reflections():
     np.testing.assert_allclose(ours[:, causal], expected[:, causal], rtol=1e-4, atol=1e-4, err_msg=str(chunk_size))
 
 
+def test_a_prefix_of_the_keys_has_the_chunk_transforms_of_its_own_chunks():
+  """A layer computes its chunks' T once and each block of queries takes the columns of its keys: the first m
+  columns must be the T of the first m keys alone, m at a chunk's edge or inside one (the inverse's leading
+  block), and the logits from them those computed from scratch."""
+  q, k, _, w, beta = _inputs(length=40, seed=4)
+  w_BxHxKxL, beta_BxHxL = jnp.transpose(w, (0, 2, 3, 1)), jnp.transpose(beta, (0, 2, 1))
+  whole = path.chunk_transform_columns(w_BxHxKxL, beta_BxHxL, 16)
+  assert whole.shape == (1, 2, 16, 40)
+  index = jnp.arange(40)[None]
+  for m in (5, 16, 21, 40):
+    alone = path.chunk_transform_columns(w_BxHxKxL[..., :m], beta_BxHxL[..., :m], 16)
+    np.testing.assert_allclose(np.asarray(whole[..., :m]), np.asarray(alone), atol=1e-5, err_msg=str(m))
+    shared = path.reflected_logits(q[:, :m], k[:, :m], w_BxHxKxL[..., :m], beta_BxHxL[..., :m], index[:, :m],
+                                   index[:, :m], transform_BxHxCxLk=whole[..., :m])
+    causal = np.tril(np.ones((m, m), bool))
+    np.testing.assert_allclose(np.asarray(shared)[0][:, causal],
+                               np.asarray(_carried(q[:, :m], k[:, :m], w[:, :m], beta[:, :m], chunk_size=1))[0][:, causal],
+                               rtol=1e-4, atol=1e-4, err_msg=str(m))
+
+
 def test_queries_at_any_index_get_their_rows():
   """Decoding asks for a few queries against every key: the rows of those queries in the whole matrix."""
   q, k, _, w, beta = _inputs(length=37, seed=3)

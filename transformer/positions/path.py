@@ -10,7 +10,8 @@ beta_s = 2 sigmoid(u . x_s + b) in (0, 2) (so H_s may flip a direction), from th
 direct product costs O(L^2 d^2) per head (L^2 matrices); here the query is carried backwards over the
 keys instead, v_i <- H_s v_i once key s is read, which costs O(L^2 d). The keys go in chunks of 64, each
 chunk's reflections one matrix I - W^T T W by the UT transform, as the paper's kernels do, so the carry takes
-L / 64 steps of matrix products rather than L steps of vector ones. The logits hook adds
+L / 64 steps of matrix products rather than L steps of vector ones; each layer computes its chunks' T once, for
+all its blocks of queries. The logits hook adds
 e_ij - q_i . k_j / sqrt(d) to the plain logits. Causal only; each query block of blockwise attention takes
 its keys in one block (the reflections run over all of them).
 
@@ -19,6 +20,8 @@ incremental decoding keeps them in the cache (the keys' reflections are read aga
 row that packs several documents, the reflections between a key and a query are those of their own
 document.
 """
+
+from typing import Optional
 
 import chex
 import flax.linen as nn
@@ -67,9 +70,26 @@ def chunk_transforms(w_BxHxNxCxK: chex.Array, beta_BxHxNxC: chex.Array) -> chex.
   return inverse_BxHxNxCxC * beta_BxHxNxC[..., None, :]
 
 
+def chunk_transform_columns(w_BxHxKxLk: chex.Array, beta_BxHxLk: chex.Array, chunk_size: int) -> chex.Array:
+  """Every chunk's T (chunk_transforms) for the keys cut into chunks of C from key 0, the last chunk filled out
+  with keys that reflect nothing (beta 0: their rows and columns of T are 0), laid out B x H x C x Lk with T[s, t]
+  of chunk n at [..., s, n C + t]. Keys 0 .. m - 1 have the T of their own chunks in columns :m, for any m: where
+  m ends inside a chunk, the inverse's leading block is the leading block's inverse (T is upper triangular)."""
+  chex.assert_rank([w_BxHxKxLk, beta_BxHxLk], [4, 3])
+  batch, heads, width, length = w_BxHxKxLk.shape
+  padding = -length % chunk_size
+  w_BxHxLkxK = jnp.pad(jnp.transpose(w_BxHxKxLk, (0, 1, 3, 2)).astype(jnp.float32),
+                       [(0, 0), (0, 0), (0, padding), (0, 0)])
+  beta_BxHxLk = jnp.pad(beta_BxHxLk.astype(jnp.float32), [(0, 0), (0, 0), (0, padding)])
+  num_chunks = (length + padding) // chunk_size
+  transform_BxHxNxCxC = chunk_transforms(w_BxHxLkxK.reshape(batch, heads, num_chunks, chunk_size, width),
+                                         beta_BxHxLk.reshape(batch, heads, num_chunks, chunk_size))
+  return jnp.moveaxis(transform_BxHxNxCxC, 2, 3).reshape(batch, heads, chunk_size, -1)[..., :length]
+
+
 def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxHxKxLk: chex.Array,
                      beta_BxHxLk: chex.Array, query_index_BxLq: chex.Array, key_index_BxLk: chex.Array,
-                     chunk_size: int = CHUNK_SIZE) -> chex.Array:
+                     chunk_size: int = CHUNK_SIZE, transform_BxHxCxLk: Optional[chex.Array] = None) -> chex.Array:
   """q_i^T H_i ... H_{j+1} k_j for every query i and key j (unscaled): B x H x Lq x Lk. The keys are
   consecutive tokens, the last at or after every query's; key j's own reflection H_j (w, beta at column j)
   applies to the queries at index >= the key's. Later keys' logits (j > i) are computed but meaningless:
@@ -81,25 +101,29 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
     e_ij = v_i . k_j - sum_s r_is (w_s . k_j) [s > j]
   (the chunk's reflections between the key and the query, whether the query is inside the chunk or after
   it), and then v_i <- v_i - sum_s r_is w_s (the chunk's reflections up to the query, all of them for a
-  query after it). O(Lq Lk (d + C)) per head in Lk / C sequential steps of matrix products."""
+  query after it). O(Lq Lk (d + C)) per head in Lk / C sequential steps of matrix products. transform: the
+  keys' chunk_transform_columns where the caller has them (a layer's query blocks share them); its C is then
+  the chunk size."""
   chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, w_BxHxKxLk, beta_BxHxLk], [4, 4, 4, 3])
   batch, length_k = key_BxLkxHxK.shape[0], key_BxLkxHxK.shape[1]
+  if transform_BxHxCxLk is None:
+    transform_BxHxCxLk = chunk_transform_columns(w_BxHxKxLk, beta_BxHxLk, min(chunk_size, length_k))
+  chex.assert_axis_dimension(transform_BxHxCxLk, 3, length_k)
+  chunk = transform_BxHxCxLk.shape[2]
   query_BxHxLqxK = jnp.transpose(query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32)
-  key_BxHxLkxK = jnp.transpose(key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32)
-  w_BxHxLkxK = jnp.transpose(w_BxHxKxLk, (0, 1, 3, 2)).astype(jnp.float32)
-  beta_BxHxLk = beta_BxHxLk.astype(jnp.float32)
   key_index_BxLk = jnp.broadcast_to(key_index_BxLk, (batch, length_k))
 
-  # Padding keys at the front reflect nothing (beta 0, so T's rows and columns for them are 0); their
-  # logits are dropped.
-  chunk = min(chunk_size, length_k)
+  # The last chunk is filled out with keys that no query reaches (their index above every query's), whose w
+  # and T are 0; their logits are dropped.
   padding = -length_k % chunk
-  key_BxHxLkxK, w_BxHxLkxK, beta_BxHxLk = (
-      jnp.pad(x, [(0, 0), (0, 0), (padding, 0)] + [(0, 0)] * (x.ndim - 3)) for x in (key_BxHxLkxK, w_BxHxLkxK, beta_BxHxLk))
-  key_index_BxLk = jnp.pad(key_index_BxLk, [(0, 0), (padding, 0)], constant_values=-1)
+  pad_keys = [(0, 0), (0, 0), (0, padding), (0, 0)]
+  key_BxHxLkxK = jnp.pad(jnp.transpose(key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32), pad_keys)
+  w_BxHxLkxK = jnp.pad(jnp.transpose(w_BxHxKxLk, (0, 1, 3, 2)).astype(jnp.float32), pad_keys)
+  transform_BxHxCxLk = jnp.pad(transform_BxHxCxLk.astype(jnp.float32), [(0, 0), (0, 0), (0, 0), (0, padding)])
+  key_index_BxLk = jnp.pad(key_index_BxLk, [(0, 0), (0, padding)], constant_values=jnp.iinfo(key_index_BxLk.dtype).max)
   heads, num_chunks = query_BxHxLqxK.shape[1], (length_k + padding) // chunk
   key_BxHxNxCxK, w_BxHxNxCxK = (x.reshape(batch, heads, num_chunks, chunk, -1) for x in (key_BxHxLkxK, w_BxHxLkxK))
-  transform_BxHxNxCxC = chunk_transforms(w_BxHxNxCxK, beta_BxHxLk.reshape(batch, heads, num_chunks, chunk))
+  transform_BxHxNxCxC = jnp.moveaxis(transform_BxHxCxLk.reshape(batch, heads, chunk, num_chunks, chunk), 3, 2)
   later_CxC = jnp.arange(chunk)[None, :] > jnp.arange(chunk)[:, None]  # [s > j] at (j, s)
   along_key_BxHxNxCxC = jnp.einsum('bhnjk,bhnsk->bhnjs', key_BxHxNxCxK, w_BxHxNxCxK) * later_CxC
   chunks = tuple(jnp.moveaxis(x, 2, 0) for x in (key_BxHxNxCxK, w_BxHxNxCxK, transform_BxHxNxCxC, along_key_BxHxNxCxC))
@@ -118,7 +142,7 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
   _, logits_NxBxHxLqxC = jax.lax.scan(
       step, query_BxHxLqxK, (*chunks, key_index_NxBxC), reverse=True)
   logits_BxHxLqxLk = jnp.moveaxis(logits_NxBxHxLqxC, 0, 3).reshape(*logits_NxBxHxLqxC.shape[1:4], -1)
-  return logits_BxHxLqxLk[..., padding:]
+  return logits_BxHxLqxLk[..., :length_k]
 
 
 class PathLayer(LayerPositions):
@@ -150,15 +174,18 @@ class PathLayer(LayerPositions):
   @staticmethod
   def _keys_and_queries(w_BxLkxHxK, beta_BxLkxH, query_index_BxLq, key_index_BxLk):
     """The shared terms, laid out so that blocks cut the queries' rows and the keys' columns: w B x H x K x 1 x Lk,
-    beta B x H x 1 x Lk, the indices B x 1 x Lq x 1 and B x 1 x 1 x Lk."""
-    return dict(w=jnp.transpose(w_BxLkxHxK, (0, 2, 3, 1))[:, :, :, None, :],
-                beta=jnp.transpose(beta_BxLkxH, (0, 2, 1))[:, :, None, :],
+    beta B x H x 1 x Lk, the chunks' T once for all of a layer's query blocks (chunk_transform_columns) B x H x C
+    x 1 x Lk, the indices B x 1 x Lq x 1 and B x 1 x 1 x Lk."""
+    w_BxHxKxLk, beta_BxHxLk = jnp.transpose(w_BxLkxHxK, (0, 2, 3, 1)), jnp.transpose(beta_BxLkxH, (0, 2, 1))
+    return dict(w=w_BxHxKxLk[:, :, :, None, :], beta=beta_BxHxLk[:, :, None, :],
+                transform=chunk_transform_columns(w_BxHxKxLk, beta_BxHxLk, CHUNK_SIZE)[:, :, :, None, :],
                 query_index=query_index_BxLq[:, None, :, None], key_index=key_index_BxLk[:, None, None, :])
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     reflected_BxHxLqxLk = reflected_logits(
         query_BxLqxHxK, key_BxLkxHxK, shared['w'][:, :, :, 0, :], shared['beta'][:, :, 0, :],
-        shared['query_index'][:, 0, :, 0], shared['key_index'][:, 0, 0, :])
+        shared['query_index'][:, 0, :, 0], shared['key_index'][:, 0, 0, :],
+        transform_BxHxCxLk=shared['transform'][:, :, :, 0, :])
     plain_BxHxLqxLk = jnp.einsum('bqhk,bshk->bhqs', query_BxLqxHxK.astype(jnp.float32),
                                  key_BxLkxHxK.astype(jnp.float32))
     return scale * (reflected_BxHxLqxLk - plain_BxHxLqxLk)
