@@ -203,7 +203,7 @@ def test_stopping_a_sweep_stops_its_run_cleanly_and_a_rerun_resumes(tmp_path):
       _wait_for(lambda: not _alive(child), timeout=120)
     assert not (sweep / 'failures.json').exists() or 'none-seed0' not in (sweep / 'failures.json').read_text()
   log = (run / 'train.log').read_text()
-  assert log.count('=== ') == 2 and log.count('SIGTERM received: saving a checkpoint at step') == 2
+  assert log.count('=== ') == 2 and log.count('SIGTERM received: saved a checkpoint at step') == 2
   assert 'resuming from the checkpoint at step' in log.split('=== ')[2]
   stopped_at = [r['step'] for r in results._records(str(run))][-1]
   assert stopped_at >= 6 and max(int(n) for n in os.listdir(run / 'checkpoints')) == stopped_at

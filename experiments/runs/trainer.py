@@ -142,10 +142,9 @@ def _train(experiment, runs: Runs, task, model, placement, replicas, train_step,
         break
       # The checkpoint first: an evaluation that fails (out of memory at a long length) loses no training.
       if stop.requested or due(train.checkpoint_every):
-        if stop.requested:
-          logging.warning('%s received: saving a checkpoint at step %d and exiting', stop.requested, step)
         runs.save(step, replicas.split(placement.checkpoint_state(state)), evaluation_follows=due(train.eval_every))
-      if stop.requested:
+      if stop.requested:  # before the save or while it ran: either way this step's checkpoint is on disk
+        logging.warning('%s received: saved a checkpoint at step %d; exiting', stop.requested, step)
         break
       if due(train.eval_every):
         last_evaluation = evaluate_now(step)
