@@ -108,30 +108,17 @@ def train_step(state: TrainState, batch: dict, seed, *, model, task, experiment:
 
 
 def _summed_gradients(params, batch: dict, forward, dropout_key, accumulation: int):
-  """(d loss_sum / d params, sums) of one device's batch, computed over `accumulation` microbatches in turn
-  (a lax.scan: one microbatch's activations alive at a time) and added up; microbatches as
-  split_microbatches cuts them. The sums are additive: the result is the whole
-  batch's up to float summation order. Microbatch i draws dropout from fold_in(dropout_key, i)."""
+  """(d loss_sum / d params, sums) of one device's batch, added over `accumulation` microbatches
+  (summed_over_microbatches). Microbatch i draws dropout from fold_in(dropout_key, i)."""
   def loss_sum(p, microbatch, key):
     sums = forward(p, microbatch, dropout_key=key)
     return sums['loss_sum'], sums
 
-  def gradient(microbatch, key):
+  def gradient(index, microbatch):
+    key = dropout_key if accumulation == 1 else jax.random.fold_in(dropout_key, index)
     return jax.grad(loss_sum, has_aux=True)(params, microbatch, key)
 
-  if accumulation == 1:
-    return gradient(batch, dropout_key)
-  microbatches = split_microbatches(batch, accumulation)
-
-  def add_one(totals, index_and_microbatch):
-    index, microbatch = index_and_microbatch
-    found = gradient(microbatch, jax.random.fold_in(dropout_key, index))
-    return jax.tree_util.tree_map(jnp.add, totals, found), None
-
-  shapes = jax.eval_shape(gradient, jax.tree_util.tree_map(lambda x: x[0], microbatches), dropout_key)
-  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  totals, _ = jax.lax.scan(add_one, zeros, (jnp.arange(accumulation), microbatches))
-  return totals
+  return summed_over_microbatches(gradient, batch, accumulation)
 
 
 def split_microbatches(batch: dict, count: int) -> dict:
@@ -141,21 +128,29 @@ def split_microbatches(batch: dict, count: int) -> dict:
                                 batch)
 
 
+def summed_over_microbatches(function, batch: dict, count: int):
+  """function(index, microbatch) -> a tree of additive values, added over the `count` microbatches of batch
+  (split_microbatches) in a lax.scan, so one microbatch's activations are alive at a time: the whole batch's
+  values up to float summation order. count 1: function(0, batch)."""
+  if count == 1:
+    return function(0, batch)
+  microbatches = split_microbatches(batch, count)
+
+  def add_one(totals, index_and_microbatch):
+    return jax.tree_util.tree_map(jnp.add, totals, function(*index_and_microbatch)), None
+
+  shapes = jax.eval_shape(function, 0, jax.tree_util.tree_map(lambda x: x[0], microbatches))
+  zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  totals, _ = jax.lax.scan(add_one, zeros, (jnp.arange(count), microbatches))
+  return totals
+
+
 def eval_step(params, batch: dict, *, model, task, axis_name: Optional[str] = None, microbatches: int = 1) -> dict:
-  """The batch's summed metrics, computed over `microbatches` microbatches in turn (a lax.scan: one microbatch's
-  activations alive at a time, so an evaluation at a long length fits where the whole batch would not) and
-  added up: the whole batch's sums up to float summation order."""
-  def sums_of(microbatch):
+  """The batch's summed metrics, added over `microbatches` microbatches (summed_over_microbatches), so that an
+  evaluation at a long length fits where the whole batch at once would not."""
+  def sums_of(_, microbatch):
     return _forward_sums(params, microbatch, model=model, task=task, label_smoothing=0.0, dropout_key=None,
                          deterministic=True)
 
-  if microbatches == 1:
-    sums = sums_of(batch)
-  else:
-    def add_one(totals, microbatch):
-      return jax.tree_util.tree_map(jnp.add, totals, sums_of(microbatch)), None
-
-    split = split_microbatches(batch, microbatches)
-    shapes = jax.eval_shape(sums_of, jax.tree_util.tree_map(lambda x: x[0], split))
-    sums, _ = jax.lax.scan(add_one, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes), split)
+  sums = summed_over_microbatches(sums_of, batch, microbatches)
   return jax.lax.psum(sums, axis_name) if axis_name is not None else sums
