@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from experiments.data.corpus_tokenizer import BpeTokenizer, ByteTokenizer
+from experiments.data.corpus_tokenizer import KINDS, BpeTokenizer, ByteTokenizer
 from experiments.data.manifest import DataError
 from experiments.shared.files import sha256_of_file
 
@@ -38,8 +38,11 @@ def identity(tokenizer_sha256: str, split_sha256: dict, dtype: str, eod: int) ->
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
+  """A corpus whose manifest open_corpus checked against its files: the tokenizer is the one its file (or the
+  byte kind) gives, and vocab_size and eod are what that tokenizer says, equal to the manifest's."""
   directory: str
   manifest: dict
+  tokenizer: object  # ByteTokenizer or BpeTokenizer
 
   @property
   def identity(self) -> str:
@@ -47,23 +50,16 @@ class Corpus:
 
   @property
   def vocab_size(self) -> int:
-    return int(self.manifest['tokenizer']['vocab_size'])
+    return int(self.tokenizer.vocab_size)
 
   @property
   def eod(self) -> int:
-    return int(self.manifest['eod'])
+    return int(self.tokenizer.eod)
 
   def tokens(self, split: str) -> np.ndarray:
     """The split's token ids as a read-only memory map."""
     entry = self.manifest['splits'][split]
     return np.memmap(os.path.join(self.directory, entry['file']), DTYPES[self.manifest['dtype']], mode='r')
-
-  @functools.cached_property
-  def tokenizer(self):
-    if self.manifest['tokenizer']['kind'] == 'bytes':
-      return ByteTokenizer()
-    with open(os.path.join(self.directory, TOKENIZER_FILE), encoding='utf-8') as file:
-      return BpeTokenizer.from_str(file.read())
 
   @functools.cached_property
   def token_bytes(self) -> np.ndarray:
@@ -104,25 +100,105 @@ def read_manifest(directory: str) -> dict:
   return manifest
 
 
+class _Manifest:
+  """Reads a manifest's fields, refusing a missing field or a value of the wrong kind in one line naming it."""
+
+  def __init__(self, directory: str, manifest: dict):
+    self.path = os.path.join(directory, 'manifest.json')
+    self.manifest = manifest
+
+  def refuse(self, field: str, problem: str) -> DataError:
+    return DataError(f'{self.path}: {field}: {problem}; the manifest disagrees with its files: prepare the corpus '
+                     f'again ({REBUILD})')
+
+  def field(self, name: str, kind: type, valid: str):
+    value = self.manifest
+    for key in name.split('.'):
+      if not isinstance(value, dict) or key not in value:
+        raise self.refuse(name, 'missing')
+      value = value[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+      raise self.refuse(name, f'got {value!r}; valid: {valid}')
+    return value
+
+
+def _load_tokenizer(directory: str, kind: str, fields: _Manifest):
+  if kind == 'bytes':
+    if os.path.exists(os.path.join(directory, TOKENIZER_FILE)):
+      raise fields.refuse('tokenizer.kind', f'got \'bytes\', but the folder holds a {TOKENIZER_FILE} (a BPE)')
+    if fields.field('tokenizer.sha256', str, 'a SHA-256') != hashlib.sha256(ByteTokenizer().to_str().encode()).hexdigest():
+      raise fields.refuse('tokenizer.sha256', 'not the byte tokenizer\'s, which tokenizer.kind names')
+    return ByteTokenizer()
+  try:
+    with open(os.path.join(directory, TOKENIZER_FILE), encoding='utf-8') as file:
+      return BpeTokenizer.from_str(file.read())
+  except Exception as error:  # pylint: disable=broad-except  (tokenizers raises its own exception type)
+    raise fields.refuse('tokenizer.kind', f'got \'bpe\', but {TOKENIZER_FILE} is not a BPE prepare_corpus wrote '
+                        f'({" ".join(str(error).split())[:120]})') from None
+
+
+def _check_token_file(path: str, dtype: np.dtype, entry_name: str, entry: dict, tokenizer, fields: _Manifest) -> None:
+  """The split's ids against the tokenizer (every id below its vocabulary, EOD last) and its counts."""
+  size = os.path.getsize(path)
+  if size % dtype.itemsize:
+    raise fields.refuse('dtype', f'{dtype.name} ids of {dtype.itemsize} bytes, but {os.path.basename(path)} holds '
+                        f'{size} bytes')
+  tokens = np.memmap(path, dtype, mode='r') if size else np.zeros(0, dtype)
+  largest, documents = -1, 0
+  for start in range(0, len(tokens), 1 << 24):
+    chunk = np.asarray(tokens[start:start + (1 << 24)])
+    largest = max(largest, int(chunk.max()))
+    documents += int(np.count_nonzero(chunk == tokenizer.eod))
+  if largest >= tokenizer.vocab_size:
+    raise fields.refuse('tokenizer.vocab_size', f'{tokenizer.vocab_size} tokens, but {os.path.basename(path)} holds '
+                        f'id {largest}')
+  if len(tokens) and tokens[-1] != tokenizer.eod:
+    raise fields.refuse('eod', f'{tokenizer.eod}, but {os.path.basename(path)} does not end with it')
+  for name, counted in (('tokens', len(tokens)), ('documents', documents)):
+    if fields.field(f'{entry_name}.{name}', int, 'a count') != counted:
+      raise fields.refuse(f'{entry_name}.{name}', f'got {entry[name]}, but {os.path.basename(path)} holds {counted}')
+
+
 @functools.lru_cache(maxsize=4)
 def open_corpus(directory: str) -> Corpus:
-  """The corpus in `directory`, every file checked against its manifest (SHA-256 and size), once per process."""
+  """The corpus in `directory`, once per process, with every field training reads checked against the files: each
+  file's SHA-256, the tokenizer's kind (its file, or none for bytes), its vocabulary and EOD (the manifest's must
+  equal the tokenizer's, every id must be below the vocabulary), the dtype against the files' sizes, the counts,
+  and the identity recomputed. A DataError names the first field or file that disagrees."""
   directory = os.path.abspath(directory)
   manifest = read_manifest(directory)
-  checked = {}
-  tokenizer = manifest['tokenizer']
-  files = [(TOKENIZER_FILE, tokenizer['sha256'])] if tokenizer['kind'] == 'bpe' else []
-  files += [(manifest['splits'][split]['file'], manifest['splits'][split]['sha256']) for split in SPLITS]
+  fields = _Manifest(directory, manifest)
+  kind = fields.field('tokenizer.kind', str, ' or '.join(repr(k) for k in KINDS))
+  if kind not in KINDS:
+    raise fields.refuse('tokenizer.kind', f'got {kind!r}; valid: {" or ".join(repr(k) for k in KINDS)}')
+  dtype_name = fields.field('dtype', str, ', '.join(DTYPES))
+  if dtype_name not in DTYPES:
+    raise fields.refuse('dtype', f'got {dtype_name!r}; valid: {", ".join(DTYPES)}')
+  files = [(TOKENIZER_FILE, fields.field('tokenizer.sha256', str, 'a SHA-256'))] if kind == 'bpe' else []
+  for split in SPLITS:
+    name = fields.field(f'splits.{split}.file', str, f'{split}.bin')
+    if name != f'{split}.bin':
+      raise fields.refuse(f'splits.{split}.file', f'got {name!r}; valid: {split}.bin')
+    files.append((name, fields.field(f'splits.{split}.sha256', str, 'a SHA-256')))
   for name, expected in files:
     path = os.path.join(directory, name)
     if not os.path.isfile(path):
       raise DataError(f'{path}: missing; the corpus is incomplete: prepare it again ({REBUILD})')
-    checked[name] = sha256_of_file(path)
-    if checked[name] != expected:
-      raise DataError(f'{path}: changed since it was prepared (SHA-256 {checked[name][:12]}... differs from the '
+    found = sha256_of_file(path)
+    if found != expected:
+      raise DataError(f'{path}: changed since it was prepared (SHA-256 {found[:12]}... differs from the '
                       f'manifest\'s {expected[:12]}...); prepare it again ({REBUILD})')
+  tokenizer = _load_tokenizer(directory, kind, fields)
+  for name, value in (('tokenizer.vocab_size', tokenizer.vocab_size), ('eod', tokenizer.eod)):
+    recorded = fields.field(name, int, 'an integer')
+    if recorded != value:
+      raise fields.refuse(name, f'got {recorded}, but the tokenizer ({kind}) has {value}')
+  for split in SPLITS:
+    _check_token_file(os.path.join(directory, f'{split}.bin'), DTYPES[dtype_name], f'splits.{split}',
+                      manifest['splits'][split], tokenizer, fields)
   split_sha256 = {split: manifest['splits'][split]['sha256'] for split in SPLITS}
-  if identity(tokenizer['sha256'], split_sha256, manifest['dtype'], manifest['eod']) != manifest['identity']:
+  if identity(manifest['tokenizer']['sha256'], split_sha256, dtype_name, tokenizer.eod) != fields.field(
+      'identity', str, 'a SHA-256'):
     raise DataError(f'{os.path.join(directory, "manifest.json")}: its identity does not match its files; '
                     f'prepare it again ({REBUILD})')
-  return Corpus(directory, manifest)
+  return Corpus(directory, manifest, tokenizer)

@@ -12,6 +12,7 @@ import numpy as np
 EOD_TOKEN = '<|endoftext|>'
 KINDS = ('bytes', 'bpe')
 SMALLEST_BPE = 257  # the 256 bytes and EOD
+LARGEST_BPE = 1 << 20  # four times the largest vocabularies in use (262,144); the BPE trainer's memory grows with it
 
 
 class ByteTokenizer:
@@ -42,6 +43,8 @@ class BpeTokenizer:
     self.tokenizer = tokenizer
     self.vocab_size = tokenizer.get_vocab_size()
     self.eod = tokenizer.token_to_id(EOD_TOKEN)
+    # A document's text that spells the EOD token is text, not a document boundary.
+    tokenizer.encode_special_tokens = True
     if self.eod is None:
       raise ValueError(f'tokenizer: no {EOD_TOKEN} token; valid: a tokenizer.json written by prepare_corpus')
 
