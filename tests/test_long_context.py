@@ -84,6 +84,12 @@ def test_evaluation_goes_next_to_the_run_and_is_never_rewritten(tiny_run):
     assert file.read() == written
   with pytest.raises(ValueError, match='records another evaluation.*factor'):
     long_context.evaluate_run(tiny_run, [16], _request('yarn', 8.0), name='yarn-x4-sliding0.5-600')
+  from experiments.shared.files import Busy, exclusive_lock  # pylint: disable=g-import-not-at-top
+  with exclusive_lock(os.path.join(directory, long_context.LOCK_FILE), 'the test'):  # a second evaluate of it
+    with pytest.raises(Busy, match=r'is in use by a running job \(pid '):
+      long_context.evaluate_run(tiny_run, [16, 32, 64], _request('yarn', 4.0), log=lambda line: None)
+  with open(os.path.join(directory, 'results.jsonl')) as file:
+    assert file.read() == written
 
 
 @pytest.mark.slow

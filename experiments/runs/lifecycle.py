@@ -7,7 +7,6 @@ import contextlib
 import functools
 import json
 import os
-import socket
 import time
 from typing import Callable, Optional
 
@@ -22,6 +21,7 @@ from experiments.runs import run_record
 from experiments.runs.checkpoints import Checkpoints
 from experiments.runs.run_record import SUMMARY_FILE
 from experiments.runs.settings import Experiment, to_dict
+from experiments.shared import files
 from experiments.shared.files import append_line_durably, write_json_atomically
 
 PLACEMENTS_FILE = 'placements.jsonl'  # a line per start of training: its step, devices, CPU cores, mesh, bytes per device
@@ -43,33 +43,18 @@ class ReplicasOutOfStep(RuntimeError):
   """The runs of one program would resume from different steps."""
 
 
-class _WorkdirLock:
+class _WorkdirLock(files.exclusive_lock):
   """An exclusive flock on WORKDIR/.lock, released by the kernel when the holder dies (even kill -9),
   so a second run on the same workdir refuses instead of interleaving checkpoints and metrics."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, '.lock')
-    self.file = None
+    super().__init__(os.path.join(workdir, '.lock'), f'workdir {workdir}')
 
   def __enter__(self):
-    import fcntl  # pylint: disable=g-import-not-at-top
-    handle = open(self.path, 'a+')
     try:
-      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      handle.seek(0)
-      holder = handle.read().strip() or 'another process'
-      handle.close()
-      raise WorkdirBusy(f'workdir {os.path.dirname(self.path)} is in use by a running job ({holder}); wait for '
-                        f'it to finish or stop it, or use another --workdir') from None
-    handle.truncate(0)
-    handle.write(f'pid {os.getpid()} on {socket.gethostname()}')
-    handle.flush()
-    self.file = handle
-    return self
-
-  def __exit__(self, *exc):
-    self.file.close()
+      return super().__enter__()
+    except files.Busy as error:
+      raise WorkdirBusy(f'{error}, or use another --workdir') from None
 
 
 def _read_summary(path: str) -> dict:

@@ -28,10 +28,11 @@ import numpy as np
 import transformer
 from experiments.runs import checkpoints, run_record, settings as run_settings, task_lengths, windows
 from experiments.runs.metrics import whole_lines
-from experiments.shared.files import append_line_durably, write_json_atomically, write_text_atomically
+from experiments.shared.files import append_line_durably, exclusive_lock, write_json_atomically, write_text_atomically
 from transformer.positions.extension import ExtensionSettings, METHODS
 
 EVALUATIONS = 'evaluations'
+LOCK_FILE = '.lock'  # in an evaluation directory while an evaluation writes it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,24 +342,31 @@ def run_evaluation(evaluation: Evaluation, log=print) -> tuple[str, dict]:
   """Runs a prepared evaluation: (its directory, results by length). Lengths already there are kept."""
   directory, request = evaluation.directory, evaluation.request
   results_path = os.path.join(directory, 'results.jsonl')
-  if not evaluation.exists:
-    os.makedirs(directory, exist_ok=True)
-    write_json_atomically(os.path.join(directory, 'evaluation.json'), evaluation.description)
-  results = _read_results(results_path)
-  score = _length_scorer(evaluation, checkpoints.restore_params(evaluation.workdir, evaluation.step))
-  for length in evaluation.lengths:
-    if length in results:
-      continue
-    started = time.time()
-    record = score(length)
-    record['seconds'] = round(time.time() - started, 1)
-    append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))
-    results[length] = record
-    metric = record_metric(record)
-    scored = (f'{record["examples"]} problems' if 'examples' in record else
-              f'{record["scored_tokens"]} tokens, {record["windows"]} windows')
-    log(f'{evaluation.workdir} {request.method}: length {length}: {record[metric]:.4f} {metric_label(metric)} '
-        f'({scored}, {record["seconds"]} s)')
+  os.makedirs(directory, exist_ok=True)
+  with exclusive_lock(os.path.join(directory, LOCK_FILE), directory):  # one writer of results.jsonl at a time
+    spec_path = os.path.join(directory, 'evaluation.json')
+    if not os.path.exists(spec_path):
+      write_json_atomically(spec_path, evaluation.description)
+    elif not evaluation.exists:
+      with open(spec_path) as file:
+        if json.load(file) != json.loads(json.dumps(evaluation.description)):
+          raise ValueError(f'{directory}: another evaluate has just recorded another evaluation there; valid: '
+                           f'--name=<a new name>')
+    results = _read_results(results_path)
+    score = _length_scorer(evaluation, checkpoints.restore_params(evaluation.workdir, evaluation.step))
+    for length in evaluation.lengths:
+      if length in results:
+        continue
+      started = time.time()
+      record = score(length)
+      record['seconds'] = round(time.time() - started, 1)
+      append_line_durably(results_path, json.dumps(record, sort_keys=True, allow_nan=False))
+      results[length] = record
+      metric = record_metric(record)
+      scored = (f'{record["examples"]} problems' if 'examples' in record else
+                f'{record["scored_tokens"]} tokens, {record["windows"]} windows')
+      log(f'{evaluation.workdir} {request.method}: length {length}: {record[metric]:.4f} {metric_label(metric)} '
+          f'({scored}, {record["seconds"]} s)')
   return directory, {length: results[length] for length in evaluation.lengths}
 
 

@@ -1,12 +1,16 @@
 """Durable file writes. An atomic write leaves a reader (or a restart after a kill or a power loss) the
-old file or the new one, never half of one: written to PATH.tmp, fsynced, renamed over PATH, and the
-rename fsynced through the directory. An appended line is fsynced before the call returns."""
+old file or the new one, never half of one: written to a temporary name of its own (PATH.PID-THREAD.tmp,
+so two writers of one file never share one), fsynced, renamed over PATH, and the rename fsynced through
+the directory. An appended line is fsynced before the call returns. exclusive_lock keeps a second writer
+out of a directory in one line."""
 
 import hashlib
 import io
 import json
 import lzma
 import os
+import socket
+import threading
 
 
 def _sync_directory(path: str) -> None:
@@ -18,12 +22,16 @@ def _sync_directory(path: str) -> None:
 
 
 def write_bytes_atomically(path: str, data: bytes) -> None:
-  temporary = path + '.tmp'
-  with open(temporary, 'wb') as file:
-    file.write(data)
-    file.flush()
-    os.fsync(file.fileno())
-  os.replace(temporary, path)
+  temporary = f'{path}.{os.getpid()}-{threading.get_ident()}.tmp'
+  try:
+    with open(temporary, 'wb') as file:
+      file.write(data)
+      file.flush()
+      os.fsync(file.fileno())
+    os.replace(temporary, path)
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
   _sync_directory(path)
 
 
@@ -63,3 +71,39 @@ def sha256_of_file(path: str) -> str:
     for block in iter(lambda: file.read(1 << 20), b''):
       digest.update(block)
   return digest.hexdigest()
+
+
+class Busy(OSError):
+  """Another live process holds the lock: the message names it and what to do; holder is 'pid N on HOST'."""
+
+  def __init__(self, message: str, holder: str):
+    super().__init__(message)
+    self.holder = holder
+
+
+class exclusive_lock:  # pylint: disable=invalid-name  (used as a context manager, like open)
+  """An exclusive flock on `path` (created if missing) while the block runs, released by the kernel when the
+  holder dies, even by kill -9. A second holder gets Busy at once: '{what} is in use by pid N on HOST; ...'."""
+
+  def __init__(self, path: str, what: str):
+    self.path, self.what, self.file = path, what, None
+
+  def __enter__(self):
+    import fcntl  # pylint: disable=g-import-not-at-top
+    handle = open(self.path, 'a+')
+    try:
+      fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      handle.seek(0)
+      holder = handle.read().strip() or 'another process'
+      handle.close()
+      raise Busy(f'{self.what} is in use by a running job ({holder}); wait for it to finish or stop it',
+                 holder) from None
+    handle.truncate(0)
+    handle.write(f'pid {os.getpid()} on {socket.gethostname()}')
+    handle.flush()
+    self.file = handle
+    return self
+
+  def __exit__(self, *exc):
+    self.file.close()
