@@ -26,7 +26,7 @@ from absl import flags
 from experiments.data import corpus as corpus_format
 from experiments.data import corpus_writer
 from experiments.data import documents as documents_lib
-from experiments.data.corpus_tokenizer import KINDS, SMALLEST_BPE, ByteTokenizer
+from experiments.data.corpus_tokenizer import KINDS, LARGEST_BPE, SMALLEST_BPE, ByteTokenizer
 from experiments.shared import cli
 
 _INPUT = flags.DEFINE_multi_string('input', None, 'A file, folder or glob of .txt/.jsonl (.gz/.xz) text; repeatable.')
@@ -75,8 +75,10 @@ def check_flags() -> dict:
   if _TOKENIZER.value not in KINDS:
     raise cli.CommandError(f'--tokenizer: got {_TOKENIZER.value!r}; valid: {", ".join(KINDS)}')
   vocab_size = ByteTokenizer.vocab_size if _TOKENIZER.value == 'bytes' else _VOCAB_SIZE.value
-  if _TOKENIZER.value == 'bpe' and not SMALLEST_BPE <= vocab_size <= 1 << 32:
-    raise cli.CommandError(f'--vocab_size: got {vocab_size}; valid: {SMALLEST_BPE} (the bytes and EOD) to 2^32')
+  if _TOKENIZER.value == 'bpe' and not SMALLEST_BPE <= vocab_size <= LARGEST_BPE:
+    raise cli.CommandError(f'--vocab_size: got {vocab_size}; valid: {SMALLEST_BPE} (the bytes and EOD) to {LARGEST_BPE} '
+                           f'(2^20, four times the largest vocabularies in use: the BPE trainer\'s memory grows with '
+                           f'it)')
   if not 0.0 < _HELDOUT.value < 1.0:
     raise cli.CommandError(f'--heldout_fraction: got {_HELDOUT.value}; valid: a fraction strictly between 0 and 1')
   if _ERRORS.value not in documents_lib.ERRORS:

@@ -190,6 +190,74 @@ def test_prepare_refusals_write_nothing(tmp_path):
   assert os.listdir(kept) == ['mine.txt']
 
 
+@pytest.mark.parametrize('make, what', [
+    (lambda path: os.mkfifo(path), 'a FIFO'),
+    (lambda path: os.symlink(path.name, path), 'a link that leads to no file'),  # a loop: it names itself
+    (lambda path: os.symlink('gone.txt', path), 'a link that leads to no file'),
+])
+def test_an_input_that_is_no_regular_file_is_refused_naming_it(tmp_path, make, what):
+  """A FIFO named .txt would block the reader forever, a link loop cannot be opened: refused in one line before
+  anything is written, from a folder and from a glob."""
+  folder = tmp_path / 'in'
+  folder.mkdir()
+  (folder / 'good.txt').write_text('fine text\n')
+  make(folder / 'odd.txt')
+  out = tmp_path / 'out'
+  for argument in (folder, folder / '*.txt'):
+    _assert_refused(prepare(f'--input={argument}', f'--output={out}', '--tokenizer=bytes', check=False),
+                    '--input', 'odd.txt', what, output=out)
+
+
+def test_a_vocabulary_beyond_what_the_trainer_can_hold_is_refused(tmp_path):
+  (tmp_path / 'in').mkdir()
+  (tmp_path / 'in' / 'a.txt').write_text('fine text\n')
+  out = tmp_path / 'out'
+  for size in (2 ** 20 + 1, 2 ** 32):
+    _assert_refused(prepare(f'--input={tmp_path / "in"}', f'--output={out}', f'--vocab_size={size}', check=False),
+                    f'--vocab_size: got {size}; valid: 257', 'to 1048576', output=out)
+
+
+def test_a_second_prepare_to_one_output_is_refused_and_a_killed_ones_leftovers_are_removed(tmp_path):
+  from experiments.shared.files import exclusive_lock
+  _write_inputs(tmp_path / 'in', count=8)
+  out, partial = tmp_path / 'out', tmp_path / 'out.partial'
+  partial.mkdir()
+  (partial / 'train.bin').write_bytes(b'half a file')  # what a prepare killed with -9 leaves
+  (partial / 'manifest.json.123-456.tmp').write_bytes(b'{"half": ')
+  with exclusive_lock(str(partial / '.lock'), 'the test'):
+    refused = prepare(f'--input={tmp_path / "in"}', f'--output={out}', '--tokenizer=bytes', check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith(
+      f'error: --output: got {out}, which another prepare_corpus is writing (pid '), refused.stderr[-2000:]
+  assert not out.exists() and sorted(os.listdir(partial)) == ['.lock', 'manifest.json.123-456.tmp', 'train.bin']
+  prepare(f'--input={tmp_path / "in"}', f'--output={out}', '--tokenizer=bytes', '--heldout_fraction=0.3')  # it takes over
+  assert sorted(os.listdir(out)) == ['heldout.bin', 'manifest.json', 'train.bin']
+  assert sorted(os.listdir(tmp_path)) == ['in', 'out']
+  corpus_format.open_corpus.cache_clear()
+  assert corpus_format.open_corpus(str(out)).vocab_size == 257
+
+
+@pytest.mark.slow
+def test_two_prepares_at_once_leave_one_corpus_and_one_line(tmp_path):
+  """Whichever wins, the other exits 2 with one line (the lock, or the output it finds written), never a
+  traceback, and the corpus is the one a lone prepare writes."""
+  _write_inputs(tmp_path / 'in', count=30)
+  arguments = [sys.executable, '-m', 'experiments.prepare_corpus', f'--input={tmp_path / "in"}', '--vocab_size=300']
+  prepare(*arguments[3:], f'--output={tmp_path / "alone"}')
+  for attempt in range(3):
+    out = tmp_path / f'out{attempt}'
+    processes = [subprocess.Popen(arguments + [f'--output={out}'], cwd=ROOT, env=subprocess_environment(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(process.wait(timeout=300), process.communicate()[1]) for process in processes]
+    assert sorted(code for code, _ in results) == [0, 2], results
+    stderr = next(stderr for code, stderr in results if code == 2)
+    assert stderr.strip().splitlines()[-1].startswith('error: --output') and 'Traceback' not in stderr, stderr
+    written, alone = ({name: (folder / name).read_bytes() for name in os.listdir(folder) if name != 'manifest.json'}
+                      for folder in (out, tmp_path / 'alone'))
+    assert written == alone and sorted(written) == ['heldout.bin', 'tokenizer.json', 'train.bin']
+    assert corpus_format.open_corpus(str(out)).identity == corpus_format.open_corpus(str(tmp_path / 'alone')).identity
+  assert not any(name.endswith('.partial') for name in os.listdir(tmp_path))
+
+
 def test_a_failure_while_writing_leaves_no_corpus(tmp_path, monkeypatch):
   from experiments.data import corpus_writer
   written = _write_inputs(tmp_path / 'in')

@@ -1,7 +1,9 @@
 """Writes a prepared corpus (experiments/data/corpus.py describes the folder): documents streamed through a
 tokenizer into train.bin and heldout.bin, split by the SHA-256 of their text, with the manifest written last,
-all inside a temporary folder beside the output that is renamed to it at the end (a failure or a stop
-removes it). experiments/prepare_corpus.py is the command; `settings` holds its checked flags.
+all inside OUTPUT.partial/, a folder beside the output that is renamed to it at the end (a failure or a stop
+removes it). A lock inside that folder keeps a second prepare to the same output out in one line, and the
+leftovers of a prepare killed with -9 (which nothing could remove) are removed by the next one.
+experiments/prepare_corpus.py is the command; `settings` holds its checked flags.
 """
 
 import hashlib
@@ -16,9 +18,10 @@ from experiments.data import corpus as corpus_format
 from experiments.data import documents as documents_lib
 from experiments.data.corpus_tokenizer import BpeTokenizer, ByteTokenizer
 from experiments.data.documents import InputError
-from experiments.shared.files import write_json_atomically, write_text_atomically
+from experiments.shared.files import Busy, exclusive_lock, write_json_atomically, write_text_atomically
 
 BATCH_DOCUMENTS, BATCH_BYTES = 512, 8 << 20
+LOCK_FILE = '.lock'
 
 
 def _documents(files: list[str], settings: dict):
@@ -130,15 +133,37 @@ def _manifest(inputs: list, settings: dict, command: str, tokenizer, tokenizer_t
                                       settings['dtype'], tokenizer.eod))
 
 
+def _claim(temporary: str, output: str) -> exclusive_lock:
+  """The lock of OUTPUT.partial/, held; anything else in it (a killed prepare's files) removed. InputError if
+  another prepare holds it, or has just renamed it to the output."""
+  os.makedirs(temporary, exist_ok=True)
+  lock = exclusive_lock(os.path.join(temporary, LOCK_FILE), temporary)
+  try:
+    lock.__enter__()
+  except Busy as error:
+    raise InputError(f'--output: got {output}, which another prepare_corpus is writing ({error.holder}, in '
+                     f'{temporary}); valid: wait for it to finish, or another --output') from None
+  except FileNotFoundError:
+    raise InputError(f'--output: got {output}, which another prepare_corpus has just written; valid: a new or empty '
+                     f'folder') from None
+  leftovers = sorted(name for name in os.listdir(temporary) if name != LOCK_FILE)
+  if leftovers:
+    logging.warning('%s: removing what a stopped prepare left there (%s)', temporary, ', '.join(leftovers))
+    for name in leftovers:
+      path = os.path.join(temporary, name)
+      shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+  return lock
+
+
 def prepare(files: list[str], settings: dict, command: str) -> dict:
-  """Writes the corpus to settings['output'] through a temporary folder beside it; the manifest."""
+  """Writes the corpus to settings['output'] through OUTPUT.partial/ beside it, under its lock; the manifest."""
   output = os.path.abspath(settings['output'])
   inputs = [documents_lib.describe(path) for path in files]
   started = time.monotonic()
-  tokenizer = _train_tokenizer(files, settings) if settings['tokenizer'] == 'bpe' else ByteTokenizer()
-  temporary = f'{output}.partial-{os.getpid()}'
-  os.makedirs(temporary)
+  temporary = f'{output}.partial'
+  lock = _claim(temporary, output)
   try:
+    tokenizer = _train_tokenizer(files, settings) if settings['tokenizer'] == 'bpe' else ByteTokenizer()
     tokenizer_text = tokenizer.to_str()
     if settings['tokenizer'] == 'bpe':
       write_text_atomically(os.path.join(temporary, corpus_format.TOKENIZER_FILE), tokenizer_text)
@@ -154,12 +179,16 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
                          f'documents in both splits, or more documents')
     manifest = _manifest(inputs, settings, command, tokenizer, tokenizer_text, splits)
     write_json_atomically(os.path.join(temporary, 'manifest.json'), manifest)
-    if os.path.isdir(output):
-      os.rmdir(output)  # empty: check_flags refused any other
-    os.rename(temporary, output)
+    try:
+      os.rename(temporary, output)  # onto an empty folder too: check_flags refused any other
+    except OSError:
+      raise InputError(f'--output: got {output}, which another prepare_corpus wrote meanwhile; valid: a new or '
+                       f'empty folder') from None
+    os.remove(os.path.join(output, LOCK_FILE))  # still held through its open file until the lock is released
   finally:
     if os.path.exists(temporary):
       shutil.rmtree(temporary, ignore_errors=True)
+    lock.__exit__(None, None, None)
   seconds = time.monotonic() - started
   text_bytes = sum(entry['text_bytes'] for entry in splits.values())
   tokens = sum(entry['tokens'] for entry in splits.values())

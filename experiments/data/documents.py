@@ -15,6 +15,7 @@ import hashlib
 import json
 import lzma
 import os
+import stat
 from typing import Iterator, Optional
 
 TEXT_SUFFIXES = ('.txt', '.jsonl')
@@ -47,14 +48,36 @@ def _valid_names() -> str:
   return f'{" or ".join(TEXT_SUFFIXES)} files, optionally {" or ".join(COMPRESSED_SUFFIXES)} compressed'
 
 
+def _not_regular(path: str) -> Optional[str]:
+  """What `path` is when it is not a regular file to read (a FIFO would block the reader forever, a link loop
+  cannot be opened), or None."""
+  try:
+    mode = os.stat(path).st_mode
+  except OSError as error:
+    return f'a link that leads to no file ({error.strerror})'
+  kinds = ((stat.S_ISREG, None), (stat.S_ISFIFO, 'a FIFO'), (stat.S_ISSOCK, 'a socket'),
+           (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'))
+  return next((name for test, name in kinds if test(mode)), 'not a regular file')
+
+
+def _refuse_irregular(argument: str, matches: list[str]) -> None:
+  for path in matches:
+    why = _not_regular(path)
+    if why:
+      raise InputError(f'--input: {argument!r} names {path}, {why}; valid: regular {_valid_names()} (move it out '
+                       f'of the input, or name the files to read)')
+
+
 def find_files(arguments: list[str]) -> list[str]:
   """The files the --input arguments name, in sorted order without repeats: a file, a folder (every
-  readable file under it, at any depth) or a glob. An argument that names nothing readable is refused."""
+  readable file under it, at any depth) or a glob. An argument that names nothing readable, or a text name
+  that is no regular file (a FIFO, a socket, a device, a broken or looping link), is refused."""
   found = set()
   for argument in arguments:
     if os.path.isdir(argument):
       matches = [os.path.join(root, name) for root, _, names in os.walk(argument) for name in names]
       matches = [path for path in matches if _kind(path)]
+      _refuse_irregular(argument, matches)
       if not matches:
         raise InputError(f'--input: got {argument!r}, a folder with no {_valid_names()} under it; valid: a '
                          f'folder that holds some')
@@ -63,7 +86,8 @@ def find_files(arguments: list[str]) -> list[str]:
         raise InputError(f'--input: got {argument!r}; valid: {_valid_names()}')
       matches = [argument]
     else:
-      matches = [path for path in glob.glob(argument, recursive=True) if os.path.isfile(path) and _kind(path)]
+      matches = [path for path in glob.glob(argument, recursive=True) if not os.path.isdir(path) and _kind(path)]
+      _refuse_irregular(argument, matches)
       if not matches:
         raise InputError(f'--input: got {argument!r}, which matches no {_valid_names()}; valid: a file, a '
                          f'folder or a glob that names some')
