@@ -42,6 +42,7 @@ such directories, the grid over every run: a row per variant and method with the
       --output=runs/passkey-grid
 """
 
+import math
 import os
 
 from absl import flags
@@ -94,8 +95,8 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
   if any(m in STATIC for m in methods) and _FACTOR.value is None:
     raise ValueError(f'--factor: missing; valid: the factor s (>= 1) of {", ".join(m for m in methods if m in STATIC)}'
                      ', e.g. the longest length over the training length')
-  if _FACTOR.value is not None and not _FACTOR.value >= 1:
-    raise ValueError(f'--factor: got {_FACTOR.value}; valid: a number >= 1')
+  if _FACTOR.value is not None and not (math.isfinite(_FACTOR.value) and _FACTOR.value >= 1):
+    raise ValueError(f'--factor: got {_FACTOR.value}; valid: a finite number >= 1')
   if not 0 < _STRIDE.value < 1:
     raise ValueError(f'--stride: got {_STRIDE.value}; valid: a fraction of the window length in (0, 1)')
   for name, value in (('--tokens', _TOKENS.value), ('--batch_size', _BATCH_SIZE.value)):
@@ -130,15 +131,23 @@ def _collect(lengths: list[int]):
 
 
 def _lengths(text: str, minimum: int) -> list[int]:
-  """--lengths: comma-separated integers of at least `minimum`, sorted, each once."""
+  """--lengths: comma-separated integers of at least `minimum`, each once (as train's task.eval_lengths), sorted."""
   try:
-    lengths = sorted({int(part) for part in text.split(',') if part.strip()})
+    given = [int(part) for part in text.split(',') if part.strip()]
   except ValueError:
-    lengths = []
-  if not lengths or lengths[0] < minimum:
+    given = []
+  if not given or min(given) < minimum:
     raise ValueError(f'--lengths: got {text!r}; valid: comma-separated window lengths of at least {minimum}, '
                      f'e.g. 128,256,512')
-  return lengths
+  _refuse_repeats('--lengths', text, given)
+  return sorted(given)
+
+
+def _refuse_repeats(flag: str, text: str, values: list) -> None:
+  repeated = sorted({value for value in values if values.count(value) > 1})
+  if repeated:
+    raise ValueError(f'{flag}: got {text!r}, which repeats {", ".join(f"{value:g}" for value in repeated)}; valid: '
+                     f'each value once')
 
 
 def _check_name(name) -> None:
@@ -184,12 +193,13 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
 
 def _depths(text: str) -> tuple:
   try:
-    depths = tuple(sorted({float(part) for part in text.split(',') if part.strip()}))
+    given = [float(part) for part in text.split(',') if part.strip()]
   except ValueError:
-    depths = ()
-  if not depths or not all(0.0 <= depth <= 1.0 for depth in depths):
+    given = []
+  if not given or not all(0.0 <= depth <= 1.0 for depth in given):
     raise ValueError(f'--depths: got {text!r}; valid: comma-separated numbers in [0, 1], e.g. 0,0.25,0.5,0.75,1')
-  return depths
+  _refuse_repeats('--depths', text, given)
+  return tuple(sorted(given))
 
 
 def _probe(workdirs: list[str], lengths: list[int], requests) -> None:

@@ -227,12 +227,15 @@ def test_exact_match_decodes_a_pallas_run_and_keeps_a_result_it_cannot_replace(r
     (['experiments.evaluate', '--workdir={rope}', '--extension=pi', '--factor=2', '--position=extension_factor=8'],
      '--position: got extension_factor=8; valid: the extension through --extension and --factor'),
     (['experiments.evaluate', '--workdir={rope}', '--lengths=16,32', '--tokens=20'], '--lengths: 32 is longer than'),
+    (['experiments.evaluate', '--workdir={rope}', '--extension=pi', '--factor=inf'],
+     '--factor: got inf; valid: a finite number >= 1'),
+    (['experiments.evaluate', '--workdir={rope}', '--lengths=16,32,16'], "--lengths: got '16,32,16', which repeats 16"),
     (['experiments.analyze', '--workdir={rope}', '--length=-3'], '--length=-3'),
     (['experiments.benchmark', 'step', '--steps=0'], '--steps=0'),
     (['experiments.benchmark', 'attention', '--repeats=0'], '--repeats=0'),
     (['experiments.benchmark', 'attention', '--length=0'], '--length=0'),
-], ids=['lengths', 'position-type', 'position-extension', 'lengths-tokens', 'analyze-length', 'steps', 'repeats',
-        'length'])
+], ids=['lengths', 'position-type', 'position-extension', 'lengths-tokens', 'factor-inf', 'lengths-repeated',
+        'analyze-length', 'steps', 'repeats', 'length'])
 def test_a_bad_flag_is_one_line_and_writes_nothing(rope_run, arguments, expected, tmp_path):
   before = tree(rope_run)
   code, _, lines = command(*[a.format(rope=rope_run) for a in arguments], cwd=tmp_path)

@@ -154,7 +154,9 @@ def test_the_command_writes_factors_that_evaluate_reads_and_scores_them_as_compu
       ([rope, alibi], 4.0, 256, f'--workdir: {alibi} differs from {rope} in model.position.'),
       ([alibi], 4.0, 256, '--workdir: a alibi run; valid: runs of rope, xpos, p_rope'),
       ([rope, rope], 4.0, 256, "--workdir: the runs' seeds [(0,), (0,)] repeat"),
-      ([rope], 1.0, 256, '--factor: got 1.0; valid: a number > 1'),
+      ([rope], 1.0, 256, '--factor: got 1.0; valid: a finite number > 1'),
+      ([rope], float('nan'), 256, '--factor: got nan; valid: a finite number > 1'),
+      ([rope], float('inf'), 256, '--factor: got inf; valid: a finite number > 1'),
       ([rope], 4.0, 10 ** 7, '--tokens: got 10000000; valid: 1 to'),
       ([rope], 4.0, 32, '--length: got 64; valid: 2 to --tokens (32)')):
     with pytest.raises(ValueError) as refused:

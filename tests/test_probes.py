@@ -237,6 +237,52 @@ def test_a_probe_that_cannot_be_built_is_refused_in_one_line():
     codec.encode('π')
 
 
+def test_a_probe_the_run_cannot_serve_is_refused_before_anything_is_written(monkeypatch):
+  """Lengths whose filler the held-out stream cannot give, and lengths whose decoding cache alone outgrows the
+  device, are refused by the checks a probe runs before it creates its directory."""
+  import transformer  # pylint: disable=g-import-not-at-top
+  from experiments.runs import preflight  # pylint: disable=g-import-not-at-top
+  codec, stream = _codec_and_stream('shakespeare')
+  config = transformer.ModelConfig(vocab_size=70, model_dim=32, num_heads=2, feed_forward_dim=64, num_decoder_layers=2,
+                                   position=transformer.PositionConfig('rope'))
+  monkeypatch.setattr(preflight, 'device_memory', lambda: 2 ** 30)
+  check = probes._refuse_lengths_the_run_cannot_take  # pylint: disable=protected-access
+  request = probes.ProbeRequest(lengths=(200, len(stream) + 200), depths=(0.5,), trials=3)
+  with pytest.raises(passkey.ProbeError, match=rf'^--lengths: {len(stream) + 200} needs \d+ filler tokens of a held-out '
+                                              rf'stream of {len(stream)}; valid: .*--probe_filler=classic$'):
+    check(request, config, codec, len(stream))
+  needle = probes.ProbeRequest(lengths=(len(stream) + 200,), depths=(0.5,), trials=3, probe='needle', needles=2)
+  with pytest.raises(passkey.ProbeError, match='held-out stream of'):
+    check(needle, config, codec, len(stream))
+  classic = probes.ProbeRequest(lengths=(200, len(stream) + 200), depths=(0.5,), trials=3, filler='classic')
+  check(classic, config, codec, len(stream))  # the classic filler needs no stream; its cache fits
+  cache_bytes = probes.decoding_bytes_at_least(config, 3, 2 ** 30 // (2 * 2 * 3 * 32 * 4) + 1)
+  assert cache_bytes > 2 ** 30
+  huge = probes.ProbeRequest(lengths=(2 ** 30 // (2 * 2 * 3 * 32 * 4),), depths=(0.5,), trials=3, filler='classic')
+  with pytest.raises(ValueError, match=r'^--lengths: \d+ would cache at least 1.0 GiB of keys and values for 3 prompts, '
+                                       r'more than the device\'s 1.0 GiB'):
+    check(huge, config, codec, len(stream))
+
+
+@pytest.mark.parametrize('compute_dtype', ['float32', 'bfloat16'])
+def test_the_decoding_bound_is_the_cached_keys_and_values_and_no_more(compute_dtype):
+  """decoding_bytes_at_least equals the bytes of the keys and values the model's cache holds (jax.eval_shape of
+  the call that creates it), so it never refuses a probe that would fit."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top
+  config = transformer.ModelConfig(vocab_size=50, model_dim=24, num_heads=3, feed_forward_dim=32, num_decoder_layers=3,
+                                   position=transformer.PositionConfig('rope'), compute_dtype=compute_dtype)
+  model = transformer.build_model(config, 'decoder_only')
+  tokens = jnp.zeros((5, 40), jnp.int32)
+  params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))
+  _, cache = jax.eval_shape(lambda p: model.apply(p, tokens, use_cache=True, mutable=['cache']), params)
+  leaves = jax.tree_util.tree_leaves_with_path(cache['cache'])
+  kv = sum(leaf.size * leaf.dtype.itemsize for path, leaf in leaves
+           if jax.tree_util.keystr(path).endswith(("'cached_key']", "'cached_value']")))
+  assert kv == probes.decoding_bytes_at_least(config, 5, 40)
+
+
 @pytest.mark.slow
 def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_place(tmp_path):
   from experiments.runs import trainer  # pylint: disable=g-import-not-at-top
@@ -285,6 +331,31 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
   refused = evaluate('--probe=needle', '--needles=2', '--lengths=128', '--trials=2')
   assert refused.returncode == 2 and refused.stderr.startswith('error: --lengths: got 128; valid: at least'), (
       refused.stderr)
+
+  # Every refusal comes before the evaluation's directory exists: lengths beyond the held-out stream, a cache
+  # beyond any machine's memory, repeated lengths or depths.
+  before = sorted(path.name for path in (workdir / 'evaluations').iterdir())
+  for extra, expected in (
+      (['--lengths=100000000', '--name=huge'], 'error: --lengths: 100000000 needs'),
+      (['--probe=needle', '--lengths=1000000'], 'error: --lengths: 1000000 needs'),
+      (['--probe_filler=classic', '--lengths=10000000000'], 'error: --lengths: 10000000000 would cache at least'),
+      (['--lengths=100,128,100'], "error: --lengths: got '100,128,100', which repeats 100; valid: each value once"),
+      (['--depths=0,0.5,0.50'], "error: --depths: got '0,0.5,0.50', which repeats 0.5; valid: each value once")):
+    refused = evaluate('--trials=3', *extra)
+    assert refused.returncode == 2 and refused.stderr.startswith(expected), refused.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert sorted(path.name for path in (workdir / 'evaluations').iterdir()) == before
+  valid = evaluate('--trials=1', '--lengths=100', '--name=huge')  # the name the refusal left free
+  assert valid.returncode == 0, valid.stderr[-2000:]
+
+  # A second writer of one evaluation directory is refused while the first holds it.
+  from experiments.shared.files import exclusive_lock  # pylint: disable=g-import-not-at-top
+  busy = workdir / 'evaluations' / 'busy'
+  busy.mkdir()
+  with exclusive_lock(str(busy / '.lock'), 'the test'):
+    refused = evaluate('--trials=1', '--lengths=100', '--name=busy')
+  assert refused.returncode == 2 and 'is in use by a running job (pid ' in refused.stderr, refused.stderr[-2000:]
+  assert sorted(path.name for path in busy.iterdir()) == ['.lock']
 
 
 def _lm_task(name: str, **changes):

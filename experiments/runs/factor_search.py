@@ -195,8 +195,8 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
   settings = config.position.settings
   if config.position.kind not in ROTARY or not isinstance(settings, ExtensionSettings):
     raise ValueError(f'--workdir: a {config.position.kind} run; valid: runs of {", ".join(ROTARY)}')
-  if not factor or factor <= 1.0:
-    raise ValueError(f'--factor: got {factor}; valid: a number > 1, the length served over the original one')
+  if factor is None or not math.isfinite(factor) or factor <= 1.0:
+    raise ValueError(f'--factor: got {factor}; valid: a finite number > 1, the length served over the original one')
   if factor_set not in SETS:
     raise ValueError(f'--set: got {factor_set!r}; valid: {", ".join(SETS)}')
   short = factor_set == 'short'

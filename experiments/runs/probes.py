@@ -124,14 +124,27 @@ def _refuse_bad_request(request: ProbeRequest) -> None:
       raise ProbeError(f'--depths: got {depth}; valid: numbers in [0, 1] (0: right after the first token)')
 
 
-def _refuse_lengths_the_run_cannot_take(request: ProbeRequest, config, codec: Codec) -> None:
-  """A prompt too short for its needles and question, or one (with its answer) longer than the run's
-  variant takes: a ProbeError or ValueError naming --lengths."""
+def decoding_bytes_at_least(config, batch: int, capacity: int) -> int:
+  """A lower bound of the memory greedy decoding holds: every layer's cached keys and values, for `capacity`
+  positions of `batch` prompts, in the compute dtype (the prompt's activations, logits and attention come on
+  top)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  return config.num_decoder_layers * 2 * batch * capacity * config.model_dim * jnp.dtype(config.compute_dtype).itemsize
+
+
+def _refuse_lengths_the_run_cannot_take(request: ProbeRequest, config, codec: Codec, stream_tokens: int) -> None:
+  """A prompt too short for its needles and question, longer than the held-out stream its filler is drawn from,
+  one (with its answer) longer than the run's variant takes, or one whose decoding cache alone would outgrow the
+  device's memory: a ProbeError or ValueError naming --lengths."""
+  from experiments.runs.preflight import device_memory  # pylint: disable=g-import-not-at-top
   for length in request.lengths:
     if request.probe == 'needle':
-      needles_prompts.filler_room(codec, length, needles_prompts.needle_pairs(request.seed, 0, request.needles))
+      room = needles_prompts.filler_room(codec, length, needles_prompts.needle_pairs(request.seed, 0, request.needles))
     else:
-      filler_room(codec, length, passkey_key(request.seed, 0))
+      room = filler_room(codec, length, passkey_key(request.seed, 0))
+    if request.filler == 'heldout' and stream_tokens <= room:
+      raise ProbeError(f'--lengths: {length} needs {room} filler tokens of a held-out stream of {stream_tokens}; valid: '
+                       f'lengths whose filler fits it, or --probe_filler=classic')
   longest = max(request.lengths) + KEY_DIGITS + 1 + ANSWER_SLACK * 4
   try:
     config.position.settings.check_positions(longest)
@@ -141,6 +154,12 @@ def _refuse_lengths_the_run_cannot_take(request: ProbeRequest, config, codec: Co
   if rows is not None and longest > rows:
     raise ValueError(f'--lengths: {max(request.lengths)} and its answer exceed the {rows} positions the '
                      f'{config.position.kind} table has; valid: lengths up to {rows - (longest - max(request.lengths))}')
+  batch = min(request.batch_size, request.trials)
+  needed, available = decoding_bytes_at_least(config, batch, longest), device_memory()
+  if available and needed > available:
+    raise ValueError(f'--lengths: {max(request.lengths)} would cache at least {needed / 2**30:,.1f} GiB of keys and '
+                     f'values for {batch} prompts, more than the device\'s {available / 2**30:,.1f} GiB; valid: shorter '
+                     f'lengths, or a smaller --batch_size')
 
 
 def _description(workdir: str, request: ProbeRequest, extension, config, resolved: dict, original: int,
@@ -173,9 +192,8 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   # pylint: disable=g-import-not-at-top
   import json
   import os
-  import transformer
   from experiments.runs import checkpoints, long_context, run_record
-  from experiments.shared.files import write_json_atomically
+  from experiments.shared.files import exclusive_lock, write_json_atomically
   _refuse_bad_request(request)
   resolved = run_record.stored_config(workdir)
   if resolved is None:
@@ -183,7 +201,8 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   config, task = checkpoints.run_model(workdir)
   codec = codec_for(task)
   config, original = long_context.extended_config(config, long_context.trained_positions(task), extension)
-  _refuse_lengths_the_run_cannot_take(request, config, codec)
+  stream = task.stream('eval')
+  _refuse_lengths_the_run_cannot_take(request, config, codec, len(stream))
   step = checkpoints.newest_intact_step(workdir)
   description = _description(workdir, request, extension, config, resolved, original, step)
   directory = os.path.join(workdir, long_context.EVALUATIONS, name or default_name(extension, request))
@@ -201,11 +220,25 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   if check_only:
     return directory, description, []
   os.makedirs(directory, exist_ok=True)
-  write_json_atomically(spec_path, description)
+  with exclusive_lock(os.path.join(directory, long_context.LOCK_FILE), directory):
+    write_json_atomically(spec_path, description)
+    cells = _probe_grid(workdir, request, extension, config, task, codec, stream, step, log)
+    write_json_atomically(results_path, dict(cells=cells))
+    draw_heatmap(os.path.join(directory, 'heatmap.png'), cells, f'{os.path.basename(os.path.abspath(workdir))} '
+                 f'{extension.method}: {request.probe} retrieval')
+  return directory, description, cells
+
+
+def _probe_grid(workdir: str, request: ProbeRequest, extension, config, task, codec: Codec, stream, step: int,
+                log) -> list:
+  """Every (length, depth) cell of the probe, decoded by the run's checkpoint at `step`."""
+  # pylint: disable=g-import-not-at-top
+  import transformer
+  from experiments.runs import checkpoints
   most_tokens = 1 + max(KEY_DIGITS, needles_prompts.VALUE_DIGITS) + ANSWER_SLACK  # a token holds a character or more
   continuations = cached_continuations(transformer.build_model(config, 'decoder_only'),
                                        checkpoints.restore_params(workdir, step), most_tokens)
-  stream, cells = task.stream('eval'), []
+  cells = []
   for length in request.lengths:
     for depth in request.depths:
       cells.append(probe_cell(codec, continuations, stream, length, depth, request.trials, request.seed,
@@ -213,10 +246,7 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
                               probe=request.probe, needles=request.needles))
       log(f'{workdir} {extension.method}: {request.probe} at length {length}, depth {depth:g}: '
           f'{cells[-1]["correct"]}/{cells[-1]["trials"]} ({cells[-1]["low"]:.2f}-{cells[-1]["high"]:.2f})')
-  write_json_atomically(results_path, dict(cells=cells))
-  draw_heatmap(os.path.join(directory, 'heatmap.png'), cells, f'{os.path.basename(os.path.abspath(workdir))} '
-               f'{extension.method}: {request.probe} retrieval')
-  return directory, description, cells
+  return cells
 
 
 def draw_heatmap(path: str, cells: list, title: str) -> None:
