@@ -7,6 +7,7 @@ import json
 import lzma
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -412,6 +413,21 @@ def test_a_run_is_refused_on_a_corpus_prepared_again_with_other_text(tmp_path):
   assert again.returncode == 2
   assert 'data.identity' in again.stderr and recorded in again.stderr
   assert sorted(os.listdir(tmp_path / 'run')) == before
+  # The run's own corpus back, its manifest edited: train (a resume) and evaluate refuse it in one line.
+  shutil.rmtree(tmp_path / 'corpus')
+  os.rename(tmp_path / 'old', tmp_path / 'corpus')
+  manifest = json.loads((tmp_path / 'corpus' / 'manifest.json').read_text())
+  manifest['tokenizer']['vocab_size'] = 300
+  (tmp_path / 'corpus' / 'manifest.json').write_text(json.dumps(manifest))
+  for command in (train + ['--config.train.steps=4'],
+                  [sys.executable, '-m', 'experiments.evaluate', f'--workdir={tmp_path / "run"}', '--lengths=16',
+                   '--tokens=64']):
+    refused = command_server.run(command, capture_output=True, text=True, cwd=ROOT, env=subprocess_environment(),
+                                 timeout=600)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
+    assert lines[0].startswith('error: ') and 'tokenizer.vocab_size: got 300, but the tokenizer (bytes) has 257' in lines[0]
+    assert sorted(os.listdir(tmp_path / 'run')) == before
 
 
 def test_documents_packing_restarts_positions_at_each_eod_input(prepared):

@@ -23,6 +23,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 import transformer
+from experiments.data.manifest import DataError
 from experiments.runs.run_record import INIT_FROM_FILE
 from experiments.shared.files import sha256_of_file, write_json_atomically
 from experiments.tasks import TASKS
@@ -229,9 +230,13 @@ def run_model(workdir: str):
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
   task = TASKS[task_fields['name']](TaskSettings(**task_fields))
   recorded = resolved.get('data', {}).get('identity')
-  if recorded is not None and task.data_identity() != recorded:
+  try:
+    identity = task.data_identity()
+  except DataError as error:
+    raise ValueError(f'{workdir}: its task\'s data cannot be read: {error}') from None
+  if recorded is not None and identity != recorded:
     raise ValueError(f'{workdir}: the run trained on data {recorded[:12]}... and {task_fields.get("path")} now holds '
-                     f'{task.data_identity()[:12]}... (prepared again or changed); valid: the data the run trained on')
+                     f'{identity[:12]}... (prepared again or changed); valid: the data the run trained on')
   return model_config, task
 
 
