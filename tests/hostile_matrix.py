@@ -22,8 +22,8 @@ def snapshot(paths):
       found[base] = hashlib.sha256(open(base, 'rb').read()).hexdigest(); continue
     for root, _, names in os.walk(base):
       for n in names:
-        if n == '.lock': continue
         p = os.path.join(root, n)
+        if n == '.lock' or not os.path.isfile(p): continue  # a FIFO or a link loop cannot be read
         found[p] = hashlib.sha256(open(p, 'rb').read()).hexdigest()
   return found
 
