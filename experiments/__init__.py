@@ -1,6 +1,6 @@
 """The commands (`python -m experiments.<command>`: train, compare, analyze, translate, exact_match,
-benchmark) and what they are built from: runs/ (one training run), sweeps/ (many), shared/, tasks/,
-data/ and benchmarks/."""
+benchmark) and what they are built from: runs/ (one training run), evaluation/ (what reads a finished
+run), sweeps/ (many runs), shared/, tasks/, data/ and benchmarks/."""
 
 from experiments.runs.allocator import keep_freed_memory
 

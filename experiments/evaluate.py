@@ -4,18 +4,18 @@
       --extension=none,pi,ntk,dynamic_ntk,yarn,llama3 --factor=16 [--protocol=sliding --stride=0.5] \
       [--tokens=65536] [--output=runs/extension]
 
-Each run and method writes RUN/evaluations/NAME/ (experiments/runs/long_context.py: evaluation.json,
+Each run and method writes RUN/evaluations/NAME/ (experiments/evaluation/long_context.py: evaluation.json,
 results.jsonl; and this command's tables and plot of them), never touching the run's training metrics.
 --output also gets the tables (results.md and results.csv by length; by_position.md by band of positions
 within the longest window) and the plot (by length; by position within the longest window) over every
 run and method: a row per configuration and method, with the runs' seeds as replicates (a fine-tune's
 seeds are its source's and its own), the mean over seeds with its 95% t interval and each seed's score
-(experiments/runs/length_table.py); runs of two configurations under one label are refused before anything is
+(experiments/evaluation/length_table.py); runs of two configurations under one label are refused before anything is
 evaluated. --collect writes them from evaluation directories already on disk. The original length is
 read from each run. Methods other than none apply to runs of a rotary variant; for the others they are
 skipped, with a line saying so. --factor is s for pi, ntk, yarn, llama3 and longrope (the new length over
 the original one; required for them), while dynamic_ntk computes its own. --rope_scaling=config.json gives
-longrope the factors of a Hugging Face config (its rope_scaling; experiments/runs/rope_scaling.py).
+longrope the factors of a Hugging Face config (its rope_scaling; experiments/evaluation/rope_scaling.py).
 --position sets other variants' analogues (interpolation_factor of sinusoidal and learned tables, the
 NoPE temperature of Llama 4) on every run.
 
@@ -24,19 +24,19 @@ NoPE temperature of Llama 4) on every run.
 
 A run of a task that draws its own problems (copy, reverse, sort, addition, ...) has no stream: it is
 scored at each length on the trainer's own evaluation batches (its seed, eval_batches of batch_size
-problems; experiments/runs/task_lengths.py), so the run as trained gives its metrics.jsonl numbers, and
+problems; experiments/evaluation/task_lengths.py), so the run as trained gives its metrics.jsonl numbers, and
 the table shows the task's headline metric (token accuracy). --protocol, --stride and --tokens are refused
 for such runs.
 
   python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=128,256,512,1024 \
       --depths=0,0.25,0.5,0.75,1 --trials=20 [--probe_filler=classic] [--extension=yarn --factor=8]
 
-probes retrieval instead (experiments/runs/probes.py): the passkey's exact-match rate (or, --probe=needle
+probes retrieval instead (experiments/evaluation/probes.py): the passkey's exact-match rate (or, --probe=needle
 --needles=4, RULER's several needles with one asked for, scored by string match) in every cell of
 length x depth with its 95% Wilson interval, written to RUN/evaluations/PROBE-METHOD-FILLER-TRIALS/
 (evaluation.json, results.json, heatmap.png) and printed as a table. With --output, and with --collect of
 such directories, the grid over every run: a row per variant and method with the runs' seeds as replicates
-(experiments/runs/probe_grid.py: results.md, results.csv, heatmaps.png).
+(experiments/evaluation/probe_grid.py: results.md, results.csv, heatmaps.png).
 
   python -m experiments.evaluate --probe=passkey --collect=RUN1/evaluations/passkey-none-heldout-20,... \
       --output=runs/passkey-grid
@@ -48,8 +48,8 @@ import os
 from absl import flags
 
 import transformer
-from experiments.runs import (checkpoints, length_table, long_context, probe_grid, probes, rope_scaling, run_record,
-                              task_lengths, windows)
+from experiments.runs import checkpoints, run_record
+from experiments.evaluation import length_table, long_context, probe_grid, probes, rope_scaling, task_lengths, windows
 from experiments.shared import cli
 from transformer.positions.extension import ExtensionSettings, METHODS
 
@@ -61,13 +61,13 @@ _EXTENSION = flags.DEFINE_string('extension', 'none', f'Comma-separated methods 
 _FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn, llama3 and longrope (required with '
                              'them).')
 _PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', list(windows.PROTOCOLS), 'windows: non-overlapping; sliding: '
-                              'a window every stride tokens, each token scored once (experiments/runs/windows.py).')
+                              'a window every stride tokens, each token scored once (experiments/evaluation/windows.py).')
 _STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction of the window length, in (0, 1).')
 _POSITION = flags.DEFINE_string('position', '', 'FIELD=VALUE,... set on every run\'s model.position at evaluation: '
                                 'the analogues for other variants, e.g. interpolation_factor=4 (sinusoidal, learned) '
                                 'or temperature_scale=0.1,temperature_floor=128 (none).')
 _ROPE_SCALING = flags.DEFINE_string('rope_scaling', None, 'A Hugging Face config.json whose rope_scaling holds '
-                                    'LongRoPE\'s factors, for --extension=longrope (experiments/runs/rope_scaling.py).')
+                                    'LongRoPE\'s factors, for --extension=longrope (experiments/evaluation/rope_scaling.py).')
 _TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.',
                                lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
@@ -78,7 +78,7 @@ _COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these
                                '--probe=passkey or needle: such probes, as the grid over their runs).')
 _OUTPUT = flags.DEFINE_string('output', None, 'A directory for the table and plots over every run and method.')
 _PROBE = flags.DEFINE_enum('probe', 'none', ['none', *probes.PROBES], 'passkey or needle: the retrieval grid of '
-                           '--lengths x --depths instead of perplexity (experiments/runs/probes.py).')
+                           '--lengths x --depths instead of perplexity (experiments/evaluation/probes.py).')
 _NEEDLES = flags.DEFINE_integer('needles', 4, '--probe=needle: the needles in each prompt, one of them asked for.')
 _DEPTHS = flags.DEFINE_string('depths', '0,0.25,0.5,0.75,1', '--probe: comma-separated needle depths in [0, 1].')
 _TRIALS = flags.DEFINE_integer('trials', 20, '--probe: prompts per (length, depth) cell.')
@@ -116,7 +116,7 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
 
 def _collect(lengths: list[int]):
   """(rows, the first run's training length, protocol) from evaluation directories, refusing a mix of protocols
-  (and rows that would mix configurations: experiments/runs/length_table.py)."""
+  (and rows that would mix configurations: experiments/evaluation/length_table.py)."""
   evaluations, protocols, trained = [], set(), None
   for directory in (d for d in _COLLECT.value.split(',') if d):
     description, results = long_context.read_evaluation(directory, lengths)

@@ -16,7 +16,8 @@ import numpy as np
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, decoding
+from experiments.runs import checkpoints
+from experiments.evaluation import decoding
 from experiments.shared import cli
 from experiments.shared.files import write_json_atomically
 from experiments.tasks.algorithmic import AlgorithmicTask

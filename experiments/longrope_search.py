@@ -4,7 +4,7 @@
       --factor=16 --output=runs/longrope-x16 [--length=2048] [--tokens=16384] [--population=16] [--generations=6]
 
 searches the long factors lambda_1 .. lambda_P of rope_extension=longrope (the evolution of Ding et al.
-2024, experiments/runs/factor_search.py) for runs of one configuration (seeds of one run), the score of
+2024, experiments/evaluation/factor_search.py) for runs of one configuration (seeds of one run), the score of
 a candidate being the runs' mean bits per character (bits per byte for a corpus) at --length (default: the
 original length times --factor), over non-overlapping windows of the last --tokens tokens of the held-out
 stream. The search never reads the first half of that stream, where experiments.evaluate scores (its
@@ -44,7 +44,8 @@ import time
 
 from absl import flags
 
-from experiments.runs import checkpoints, factor_search, rope_scaling
+from experiments.runs import checkpoints
+from experiments.evaluation import factor_search, rope_scaling
 from experiments.shared import cli
 from experiments.shared.files import append_line_durably, write_json_atomically
 

@@ -23,7 +23,8 @@ import sacrebleu
 from absl import flags
 
 import transformer
-from experiments.runs import checkpoints, decoding
+from experiments.runs import checkpoints
+from experiments.evaluation import decoding
 from experiments.shared import cli
 from experiments.sweeps import results
 from experiments.shared.files import write_json_atomically, write_text_atomically

@@ -14,7 +14,8 @@ import pytest
 
 import transformer
 from experiments import rank
-from experiments.runs import checkpoints, long_context, preflight, run_record, settings, trainer
+from experiments.runs import checkpoints, preflight, run_record, settings, trainer
+from experiments.evaluation import long_context
 from experiments.runs.metrics import read_metrics, without_wall_clock
 from experiments.shared import cli
 from experiments.sweeps import ranking

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from experiments.shared import plots
 from experiments.sweeps import results
 from experiments.sweeps.results import error_line
 
@@ -234,5 +235,5 @@ def test_the_table_refuses_a_run_of_another_configuration_and_names_damaged_metr
 
 
 def test_every_row_of_a_sweep_of_up_to_twenty_variants_is_drawn_its_own_way():
-  styles = [tuple(sorted(results.line_style(index).items())) for index in range(20)]
+  styles = [tuple(sorted(plots.line_style(index).items())) for index in range(20)]
   assert len(set(styles)) == 20

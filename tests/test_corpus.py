@@ -476,7 +476,8 @@ def test_documents_packing_is_refused_where_the_model_cannot_pack(prepared):
 def test_a_run_packed_by_document_trains_and_evaluates_at_longer_windows(prepared, tmp_path):
   import jax
   from configs import corpus as corpus_config
-  from experiments.runs import long_context, settings, trainer
+  from experiments.runs import settings, trainer
+  from experiments.evaluation import long_context
   from tests.helpers import with_overrides
   changes = {'task.path': str(prepared), 'task.packing': 'documents', 'task.max_length': 32, 'task.eval_lengths': (32, 64),
              'model.model_dim': 16, 'model.feed_forward_dim': 32, 'model.num_decoder_layers': 1,

@@ -9,7 +9,8 @@ import pytest
 
 import transformer
 from configs import algorithmic
-from experiments.runs import decoding, settings, trainer
+from experiments.runs import settings, trainer
+from experiments.evaluation import decoding
 from experiments.tasks import TASKS
 from tests import command_server
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import transformer
-from experiments.runs import checkpoints, factor_search, rope_scaling, trainer
+from experiments.runs import checkpoints, trainer
+from experiments.evaluation import factor_search, rope_scaling
 from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 from tests.test_long_context import TINY_SHAKESPEARE

@@ -1,5 +1,5 @@
-"""The long-context table over seeds (experiments/runs/length_table.py) and the lineage that decides which
-runs are replicates (experiments/runs/lineage.py): rows by configuration and method, a fine-tune's seeds
+"""The long-context table over seeds (experiments/evaluation/length_table.py) and the lineage that decides which
+runs are replicates (experiments/evaluation/lineage.py): rows by configuration and method, a fine-tune's seeds
 as its source's and its own, the mean over seeds against numpy and Student's t from scipy, and the mixes
 it refuses."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.runs import length_table, lineage
+from experiments.evaluation import length_table, lineage
 
 LENGTHS = (16, 32)
 

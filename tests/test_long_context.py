@@ -1,4 +1,4 @@
-"""Long-context evaluation (experiments/runs/windows.py, long_context.py, experiments/evaluate.py) and
+"""Long-context evaluation (experiments/evaluation/windows.py, long_context.py, experiments/evaluate.py) and
 fine-tuning from a finished run (train.init_from)."""
 
 import json
@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.runs import checkpoints, long_context, rope_scaling, trainer, windows
+from experiments.runs import checkpoints, trainer
+from experiments.evaluation import long_context, rope_scaling, windows
 from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 

@@ -1,6 +1,6 @@
 """LongRoPE (rope_extension=longrope, transformer/positions/extension.py) against Hugging Face's published
 formula for rope_type 'longrope', its choice of factors, the cache, its refusals, and the reader of a
-Hugging Face config (experiments/runs/rope_scaling.py)."""
+Hugging Face config (experiments/evaluation/rope_scaling.py)."""
 
 import json
 import math
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import transformer as T
-from experiments.runs import rope_scaling
+from experiments.evaluation import rope_scaling
 from tests.helpers import cached_logits, init, tiny, tokens
 from transformer.blocks import sequence_length_of
 from transformer.positions import extension, rope

@@ -1,4 +1,4 @@
-"""The passkey grid over a sweep (experiments/runs/probe_grid.py): rows by variant and method with seeds as
+"""The passkey grid over a sweep (experiments/evaluation/probe_grid.py): rows by variant and method with seeds as
 replicates, their rates against a count by hand and Student's t from scipy, and the mixes it refuses."""
 
 import csv
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from experiments.runs import probe_grid
+from experiments.evaluation import probe_grid
 
 LENGTHS, DEPTHS, TRIALS = (256, 512), (0.0, 0.5, 1.0), 4
 
@@ -49,7 +49,7 @@ def test_rows_group_seeds_by_variant_and_method_and_rate_over_every_depth():
 
 
 def _fine_tune(source_seed: int, seed: int, counts: dict, method: str = 'yarn') -> tuple:
-  """A probe of a run fine-tuned at 512 with `method` from rope seed `source_seed` (experiments/runs/lineage.py)."""
+  """A probe of a run fine-tuned at 512 with `method` from rope seed `source_seed` (experiments/evaluation/lineage.py)."""
   source = {f'init_from.{name}': value for name, value in
             {'model.position.kind': 'rope', 'train.steps': 2400, 'model.num_decoder_layers': 3}.items()}
   configuration = {'task.max_length': 512, 'model.position.rope_extension': method,

@@ -1,5 +1,5 @@
 """The passkey: its prompts (experiments/tasks/passkey.py), their scoring against a model that copies the key
-and one that cannot, the Wilson interval, the probe command (experiments/runs/probes.py), and the rows
+and one that cannot, the Wilson interval, the probe command (experiments/evaluation/probes.py), and the rows
 task.passkey_fraction mixes into training."""
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import corpus as corpus_config
-from experiments.runs import probes
+from experiments.evaluation import probes
 from experiments.tasks import needles, passkey
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings

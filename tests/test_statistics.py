@@ -1,4 +1,4 @@
-"""Intervals over seeds and paired comparisons (experiments/sweeps/statistics.py), against published
+"""Intervals over seeds and paired comparisons (experiments/shared/statistics.py), against published
 t-table values, scipy.stats's interval and paired t-test, a coverage simulation, and hand-computed sweeps."""
 
 import json
@@ -8,7 +8,8 @@ import random
 import pytest
 from scipy import stats as scipy_stats
 
-from experiments.sweeps import results, statistics
+from experiments.shared import statistics
+from experiments.sweeps import results
 
 T_975 = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 5: 2.5705818, 9: 2.2621572, 10: 2.2281389,
          30: 2.0422725, 100: 1.9839715}  # two-sided 95% critical values (any statistics table)

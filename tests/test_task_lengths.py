@@ -1,5 +1,5 @@
 """A finished run of a task that draws its own problems (copy) evaluated at any lengths, with or without a
-context extension (experiments/runs/task_lengths.py through long_context.py and experiments.evaluate)."""
+context extension (experiments/evaluation/task_lengths.py through long_context.py and experiments.evaluate)."""
 
 import json
 import os
@@ -10,7 +10,8 @@ import pytest
 from scipy import stats
 
 import transformer
-from experiments.runs import checkpoints, length_table, long_context, task_lengths, trainer
+from experiments.runs import checkpoints, trainer
+from experiments.evaluation import length_table, long_context, task_lengths
 from tests import command_server
 from tests.helpers import ROOT, smoke_experiment, subprocess_environment
 from tests.test_long_context import _request  # a task run's evaluation ignores its stream fields

@@ -1,2 +1,3 @@
-"""One training run: its settings and record, the loop and its steps, evaluation and decoding,
-checkpoints, metrics and device placement."""
+"""One training run: its settings and record, preflight, the loop and its steps (with the trainer's own
+evaluation), checkpoints, metrics, device placement and sharding, seeds in one program. Imports shared/,
+tasks/ and data/, never evaluation/ or sweeps/."""

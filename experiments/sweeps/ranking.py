@@ -12,7 +12,8 @@ import dataclasses
 import math
 from typing import Optional
 
-from experiments.sweeps import results, statistics
+from experiments.shared import statistics
+from experiments.sweeps import results
 
 
 class RankingError(ValueError):

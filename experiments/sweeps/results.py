@@ -10,8 +10,9 @@ import re
 from typing import Optional, Sequence
 
 from experiments.runs import run_record
-from experiments.sweeps.statistics import CONFIDENCE, mean_interval, paired_difference
 from experiments.shared.files import save_figure_atomically, write_json_atomically, write_text_atomically
+from experiments.shared.plots import line_style
+from experiments.shared.statistics import CONFIDENCE, mean_interval, paired_difference
 
 FAILURES_FILE = 'failures.json'
 EXCEPTION_LINE = re.compile(r'^[A-Za-z_.]*(Error|Exception|Loss)\b[^ ]*: ')  # a traceback's last line
@@ -146,7 +147,7 @@ def write_tables(sweep: str, table: Table, failures: dict, reference: Optional[s
                  overrides: Sequence[str] = ()) -> list:
   """results.csv (one row per variant, length and metric) and results.md (one table per metric): the
   mean over seeds with its 95% Student-t interval; with a reference variant, each other variant's
-  paired difference from it and whether that is significant (experiments/sweeps/statistics.py).
+  paired difference from it and whether that is significant (experiments/shared/statistics.py).
   overrides: the command line's --config.FIELD=VALUE that every run got, which results.md names first,
   so that a row labelled `rope` says it is RoPE with them (scalable softmax, say)."""
   csv_path, md_path = os.path.join(sweep, 'results.csv'), os.path.join(sweep, 'results.md')
@@ -224,13 +225,6 @@ def _markdown_text(table: Table, failures: dict, reference: Optional[str]) -> st
     lines += [f'- `{name}`: {error}' for name, error in sorted(failures.items())]
     lines.append('')
   return '\n'.join(lines)
-
-
-def line_style(index: int) -> dict:
-  """Matplotlib's ten colours, then the same colours dashed with square markers, so that a sweep of more
-  than ten variants never draws two alike."""
-  return dict(color=f'C{index % 10}', linestyle='-' if index // 10 % 2 == 0 else '--',
-              marker='o' if index // 10 % 2 == 0 else 's')
 
 
 def plot(sweep: str, table: Table) -> list:

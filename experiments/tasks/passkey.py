@@ -1,6 +1,6 @@
 """The passkey (Mohtashami & Jaggi 2023) as text a language model reads: the needle, the question, the
 filler, and a prompt of exactly a given length with the needle at a given depth. The retrieval probe
-(experiments/runs/probes.py) asks finished runs these prompts; task.passkey_fraction mixes them, with
+(experiments/evaluation/probes.py) asks finished runs these prompts; task.passkey_fraction mixes them, with
 their answers, into a run's training rows (experiments/tasks/retrieval_rows.py).
 
 A prompt is BOS, filler, at `depth` the needle

@@ -1,5 +1,5 @@
 """Retrieval examples mixed into a language model's training rows, so that retrieval can be learned at
-the training length and probed beyond it (experiments/runs/probes.py): each row, with probability
+the training length and probed beyond it (experiments/evaluation/probes.py): each row, with probability
 task.passkey_fraction a passkey prompt with its answer (experiments/tasks/passkey.py), with probability
 task.needle_fraction a prompt of task.needles needles with the asked number (experiments/tasks/needles.py),
 otherwise the text it was. One draw per (seed, step, row) decides, so a run's batches stay a function of

@@ -3,7 +3,7 @@ text stream) scored at any lengths: the metrics the trainer records (loss, token
 the task's own), summed over evaluation batches of the run's seed, padded to buckets as the trainer pads
 them. Batches 0 .. eval_batches - 1 are the trainer's own evaluation batches, so the run as trained gives
 its metrics.jsonl numbers at its evaluation lengths; a search reads later batches (first_batch), never
-those. What experiments/runs/long_context.py runs for such a task.
+those. What experiments/evaluation/long_context.py runs for such a task.
 """
 
 import functools

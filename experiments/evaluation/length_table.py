@@ -1,9 +1,9 @@
-"""The table of long-context evaluations (experiments/runs/long_context.py) over several runs: a row per
+"""The table of long-context evaluations (experiments/evaluation/long_context.py) over several runs: a row per
 configuration (as trained, or fine-tuned from another run) and extension method, with the runs' seeds as
-its replicates (experiments/runs/lineage.py).
+its replicates (experiments/evaluation/lineage.py).
 
 Each row's score at a length is the mean over its seeds with the half-width of its 95% Student-t interval
-(experiments/sweeps/statistics.py; a row of one seed has no interval), and each seed's score is listed
+(experiments/shared/statistics.py; a row of one seed has no interval), and each seed's score is listed
 below. By position: the mean over seeds of each band of window positions at the longest length.
 """
 
@@ -14,10 +14,10 @@ import os
 
 import numpy as np
 
-from experiments.runs import lineage, long_context
+from experiments.evaluation import lineage, long_context
 from experiments.shared.files import save_figure_atomically, write_text_atomically
-from experiments.sweeps.results import line_style
-from experiments.sweeps.statistics import mean_interval
+from experiments.shared.plots import line_style
+from experiments.shared.statistics import mean_interval
 
 
 def group(evaluations) -> list[lineage.Row]:

@@ -169,7 +169,7 @@ def _description(workdir: str, request: ProbeRequest, extension, config, resolve
   # pylint: disable=g-import-not-at-top
   import json
   import os
-  from experiments.runs import lineage
+  from experiments.evaluation import lineage
   run_lineage = lineage.of_run(workdir)
   description = dict(run=os.path.abspath(workdir), checkpoint_step=int(step),
                      variant=config.position.kind, position=config.position.fields(), original_length=original,
@@ -184,7 +184,7 @@ def _description(workdir: str, request: ProbeRequest, extension, config, resolve
 
 def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=print,
               check_only: bool = False) -> tuple[str, dict, list]:
-  """The probe's grid of one run under one extension (experiments/runs/long_context.Request's method and
+  """The probe's grid of one run under one extension (experiments/evaluation/long_context.Request's method and
   factor): RUN/evaluations/NAME/ gets evaluation.json (what was probed), results.json (every cell) and
   heatmap.png. A directory that records another probe is refused; one that records this one and has its
   results is read, not recomputed. Returns (the directory, what it records of the probe, the cells); with
@@ -192,7 +192,8 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   # pylint: disable=g-import-not-at-top
   import json
   import os
-  from experiments.runs import checkpoints, long_context, run_record
+  from experiments.runs import checkpoints, run_record
+  from experiments.evaluation import long_context
   from experiments.shared.files import exclusive_lock, write_json_atomically
   _refuse_bad_request(request)
   resolved = run_record.stored_config(workdir)

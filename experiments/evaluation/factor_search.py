@@ -22,7 +22,8 @@ from typing import Callable, Optional
 import numpy as np
 
 import transformer
-from experiments.runs import checkpoints, lineage, long_context, run_record, settings as run_settings, task_lengths
+from experiments.runs import checkpoints, run_record, settings as run_settings
+from experiments.evaluation import lineage, long_context, task_lengths
 from transformer.positions.extension import ExtensionSettings, extended_frequencies, factor_list
 from transformer.positions.rope import RotaryLayer
 

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import transformer
-from experiments.runs import checkpoints, run_record, settings as run_settings, task_lengths, windows
+from experiments.runs import checkpoints, run_record, settings as run_settings
+from experiments.evaluation import task_lengths, windows
 from experiments.runs.metrics import whole_lines
 from experiments.shared.files import append_line_durably, exclusive_lock, write_json_atomically, write_text_atomically
 from transformer.positions.extension import ExtensionSettings, METHODS

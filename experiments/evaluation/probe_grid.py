@@ -1,9 +1,9 @@
-"""The retrieval grid of a sweep: the passkey or needle probes of several runs (experiments/runs/probes.py)
+"""The retrieval grid of a sweep: the passkey or needle probes of several runs (experiments/evaluation/probes.py)
 grouped into rows, one per variant (as trained or fine-tuned) and extension method, with the runs' seeds as
-its replicates (experiments/runs/lineage.py).
+its replicates (experiments/evaluation/lineage.py).
 
 A row's rate at a length is, for each seed, the exact-match rate over every depth's trials; the table
-gives the mean over seeds with its 95% Student-t interval (experiments/sweeps/statistics.py) and each
+gives the mean over seeds with its 95% Student-t interval (experiments/shared/statistics.py) and each
 seed's rate. The depth x length grid of a row pools its seeds' trials, each cell with its Wilson interval.
 Only probes asked the same questions (the probe and its needles, lengths, depths, trials, filler, probe seed)
 are tabulated together, and a row holds runs of one configuration: runs that differ in anything but their
@@ -18,9 +18,9 @@ import os
 
 import numpy as np
 
-from experiments.runs import lineage
-from experiments.runs.probes import PROBES, wilson_interval
-from experiments.sweeps.statistics import mean_interval
+from experiments.evaluation import lineage
+from experiments.evaluation.probes import PROBES, wilson_interval
+from experiments.shared.statistics import mean_interval
 
 QUESTIONS = ('probe', 'needles', 'lengths', 'depths', 'trials', 'filler', 'seed')  # what every tabulated probe must share
 
@@ -31,7 +31,7 @@ def row_label(description: dict) -> str:
 
 
 def seeds_of(description: dict) -> tuple:
-  """The probed run's seeds: its own after its sources' (experiments/runs/lineage.py)."""
+  """The probed run's seeds: its own after its sources' (experiments/evaluation/lineage.py)."""
   return tuple(description.get('source_seeds', ())) + (description['run_seed'],)
 
 
