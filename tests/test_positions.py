@@ -373,10 +373,10 @@ def test_every_variant_is_documented_in_the_readme_with_its_paper():
     assert rows[kind].strip().split(' (')[0] == variant.paper.split(' (')[0], (kind, rows[kind], variant.paper)
 
 
-def test_the_readme_lists_every_variants_settings():
-  """The README's list of settings is the one VARIANTS declares, variant by variant, after the line of
+def test_the_running_guide_lists_every_variants_settings():
+  """docs/running.md's list of settings is the one VARIANTS declares, variant by variant, after the line of
   those every variant has (position_base.Settings' fields)."""
-  readme = (pathlib.Path(__file__).resolve().parent.parent / 'README.md').read_text().splitlines()
+  readme = (pathlib.Path(__file__).resolve().parent.parent / 'docs' / 'running.md').read_text().splitlines()
   common = [field.name for field in dataclasses.fields(position_base.Settings)]
   assert '- every variant: ' + ', '.join(f'`{name}`' for name in common) in readme
   for kind, variant in T.VARIANTS.items():
