@@ -4,14 +4,11 @@ import json
 import sys
 
 import jax
-import orbax.checkpoint as ocp
 import pytest
 
-import transformer
 from configs import algorithmic
 from experiments.runs import settings, trainer
 from experiments.evaluation import decoding
-from experiments.tasks import TASKS
 from tests import command_server
 
 
@@ -29,17 +26,7 @@ def test_greedy_decoding_of_a_trained_copy_model_reproduces_its_inputs(tmp_path)
   experiment = settings.from_config_dict(config, 1)
   trainer.run(experiment, str(tmp_path), devices=jax.devices()[:1])  # decoding is the point, not the devices
 
-  task = TASKS['copy'](experiment.task)
-  model = transformer.build_model(experiment.model, 'decoder_only')
-  manager = ocp.CheckpointManager(str(tmp_path / 'checkpoints'))
-  params = manager.restore(200, args=ocp.args.StandardRestore())['params']
-  for length in range(1, 5):
-    batch = task.batch(experiment.seed, 0, 'test', 64, length=length)
-    answers = decoding.greedy_answers(task, model, params, batch, length)
-    inputs = batch['inputs'][:, 1:length + 1]
-    assert (answers[:, :length] == inputs).all(), f'length {length}: {answers[:3]} vs {inputs[:3]}'
-
-  # The command-line report (decoding.exact_match per length) says the same, from the run directory alone.
+  # The command-line report, from the run directory alone: every answer, EOS included, the input copied.
   result = command_server.run([sys.executable, '-m', 'experiments.exact_match', f'--workdir={tmp_path}',
                                '--lengths=1-4',
                                '--examples=64'], capture_output=True, text=True, check=True)

@@ -296,6 +296,23 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
                                '--lengths=100,128', '--depths=0,1', *extra], env=subprocess_environment(1),
                               capture_output=True, text=True, timeout=600)
 
+  # Every refusal comes before the evaluation's directory exists: lengths beyond the held-out stream, a cache
+  # beyond any machine's memory, repeated lengths or depths. The huge passkey and needle probes take the names the
+  # valid ones below then write under.
+  for extra, expected in (
+      (['--trials=3', '--lengths=100000000', '--name=passkey-none-heldout-3'], 'error: --lengths: 100000000 needs'),
+      (['--probe=needle', '--needles=1', '--lengths=1000000', '--trials=2'], 'error: --lengths: 1000000 needs'),
+      (['--trials=3', '--probe_filler=classic', '--lengths=10000000000'],
+       'error: --lengths: 10000000000 would cache at least'),
+      (['--trials=3', '--lengths=100,128,100'], "error: --lengths: got '100,128,100', which repeats 100; valid: each "
+                                                'value once'),
+      (['--trials=3', '--depths=0,0.5,0.50'], "error: --depths: got '0,0.5,0.50', which repeats 0.5; valid: each value "
+                                              'once')):
+    refused = evaluate(*extra)
+    assert refused.returncode == 2 and refused.stderr.startswith(expected), refused.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert not (workdir / 'evaluations').exists()
+
   first = evaluate('--trials=3')
   assert first.returncode == 0, first.stderr[-2000:]
   directory = workdir / 'evaluations' / 'passkey-none-heldout-3'
@@ -331,22 +348,6 @@ def test_the_passkey_command_writes_its_grid_once_and_refuses_another_in_its_pla
   refused = evaluate('--probe=needle', '--needles=2', '--lengths=128', '--trials=2')
   assert refused.returncode == 2 and refused.stderr.startswith('error: --lengths: got 128; valid: at least'), (
       refused.stderr)
-
-  # Every refusal comes before the evaluation's directory exists: lengths beyond the held-out stream, a cache
-  # beyond any machine's memory, repeated lengths or depths.
-  before = sorted(path.name for path in (workdir / 'evaluations').iterdir())
-  for extra, expected in (
-      (['--lengths=100000000', '--name=huge'], 'error: --lengths: 100000000 needs'),
-      (['--probe=needle', '--lengths=1000000'], 'error: --lengths: 1000000 needs'),
-      (['--probe_filler=classic', '--lengths=10000000000'], 'error: --lengths: 10000000000 would cache at least'),
-      (['--lengths=100,128,100'], "error: --lengths: got '100,128,100', which repeats 100; valid: each value once"),
-      (['--depths=0,0.5,0.50'], "error: --depths: got '0,0.5,0.50', which repeats 0.5; valid: each value once")):
-    refused = evaluate('--trials=3', *extra)
-    assert refused.returncode == 2 and refused.stderr.startswith(expected), refused.stderr[-2000:]
-    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert sorted(path.name for path in (workdir / 'evaluations').iterdir()) == before
-  valid = evaluate('--trials=1', '--lengths=100', '--name=huge')  # the name the refusal left free
-  assert valid.returncode == 0, valid.stderr[-2000:]
 
   # A second writer of one evaluation directory is refused while the first holds it.
   from experiments.shared.files import exclusive_lock  # pylint: disable=g-import-not-at-top
