@@ -57,8 +57,13 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.num_decoder_layers = 2  # decoder layers (decoder_only, encoder_decoder)
   config.model.dropout_rate = 0.0      # residual, embedding and feed-forward dropout
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
-  config.model.activation = 'relu'     # 'relu' (the paper) or 'gelu'
+  config.model.activation = 'relu'     # 'relu' (the paper), 'gelu', or gated: 'swiglu' (Llama), 'geglu'
   config.model.norm = 'pre'            # 'post' (the paper) or 'pre'
+  config.model.norm_type = 'layernorm'  # 'layernorm' (the paper) or 'rmsnorm' (Llama)
+  config.model.layer_norm_eps = 1e-6   # the norm's epsilon (Llama 1 1e-6; Llama 2 and SmolLM2 1e-5)
+  config.model.use_bias = True         # biases on every projection and the feed-forward (Llama: False)
+  config.model.qkv_bias = False        # query, key and value biases even without use_bias (Qwen2)
+  config.model.parallel_residual = False  # x + Attention(LN1(x)) + FFN(LN2(x)) (GPT-NeoX); pre-LN, no cross-attention
   config.model.tie_embeddings = True   # output projection = input embedding transposed
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
   config.model.bidirectional = True    # recurrent encoders read both directions

@@ -1,7 +1,8 @@
 """Encoder and decoder layers, and the stack that owns a stack's positional hooks.
 
 Post-LN (the paper): x = LN(x + Dropout(Sublayer(x))). Pre-LN: x = x + Dropout(Sublayer(LN(x))),
-with a final LN after the last layer.
+with a final LN after the last layer. LN is LayerNorm or RMSNorm (model.norm_type). The parallel residual
+(GPT-J, GPT-NeoX; pre-LN, no cross-attention): x = x + Dropout(Attention(LN1(x))) + Dropout(FFN(LN2(x))).
 """
 
 from typing import Optional
@@ -14,7 +15,7 @@ import numpy as np
 
 from transformer.attention_request import AttentionMask, AttentionPositions
 from transformer.config import ModelConfig
-from transformer.layers import Dropout, FeedForward, LayerNorm, batch_split
+from transformer.layers import Dropout, FeedForward, batch_split, norm_layer
 from transformer.masks import causal_mask, cross_attention_mask, segment_mask, self_attention_mask
 from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
@@ -41,11 +42,13 @@ class _Residual(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, sublayer, deterministic: bool):
-    norm = LayerNorm(self.config.layer_norm_eps)
+  def __call__(self, x, sublayer, deterministic: bool, add_input: bool = True):
+    """add_input False (pre-LN only): Dropout(Sublayer(LN(x))) alone, one branch of a parallel residual."""
+    norm = norm_layer(self.config.norm_type, self.config.layer_norm_eps)
     drop = Dropout(self.config.dropout_rate)
     if self.config.norm == 'pre':
-      return x + drop(sublayer(norm(x)), deterministic)
+      branch = drop(sublayer(norm(x)), deterministic)
+      return x + branch if add_input else branch
     return norm(x + drop(sublayer(x), deterministic))
 
 
@@ -89,6 +92,7 @@ class TransformerLayer(nn.Module):
         name='position')
     self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                         config.attention_key_block_size, config.attention_implementation,
+                                        qkv_bias=config.use_bias or config.qkv_bias, out_bias=config.use_bias,
                                         name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
@@ -96,12 +100,23 @@ class TransformerLayer(nn.Module):
     self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
                                         key_valid_BxLk=valid_BxL if cache_index is None else None,
                                         segments_BxL=segments_BxL if cache_index is None else None)
-    x_BxLxD = _Residual(config, name='self_attention_residual')(
-        x_BxLxD, lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
-                                          deterministic=deterministic, **cache), deterministic)
+    attend = lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
+                                      deterministic=deterministic, **cache)
+    feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate, config.use_bias,
+                               name='feed_forward')
+    if config.parallel_residual:
+      if self.cross_attention:
+        raise ValueError('parallel_residual: got True in a layer with cross-attention; valid: False for an '
+                         'encoder-decoder (the parallel residual serves decoder-only and encoder-only models)')
+      attended = _Residual(config, name='self_attention_residual')(x_BxLxD, attend, deterministic, add_input=False)
+      fed = _Residual(config, name='feed_forward_residual')(
+          x_BxLxD, lambda y: feed_forward(y, deterministic), deterministic, add_input=False)
+      return x_BxLxD + attended + fed
+    x_BxLxD = _Residual(config, name='self_attention_residual')(x_BxLxD, attend, deterministic)
     if self.cross_attention:
       cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
                                  config.attention_key_block_size, config.attention_implementation,
+                                 qkv_bias=config.use_bias or config.qkv_bias, out_bias=config.use_bias,
                                  name='cross_attention')
       cross_positions = None
       if config.aligned_cross_attention:
@@ -116,8 +131,6 @@ class TransformerLayer(nn.Module):
           x_BxLxD, lambda y: cross(y, memory_BxLsxD, mask=cross_mask, positions=cross_positions,
                                    deterministic=deterministic, **cache),
           deterministic)
-    feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
-                               name='feed_forward')
     return _Residual(config, name='feed_forward_residual')(
         x_BxLxD, lambda y: feed_forward(y, deterministic), deterministic)
 
@@ -192,7 +205,7 @@ class TransformerStack(nn.Module):
       x_BxLxD = batch_split(layer(x_BxLxD, self_mask=self_mask, positions_BxL=positions_BxL, shared=shared,
                                   memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources))
     if config.norm == 'pre':
-      x_BxLxD = LayerNorm(config.layer_norm_eps, name='final_norm')(x_BxLxD)
+      x_BxLxD = norm_layer(config.norm_type, config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
 

@@ -6,13 +6,14 @@ from typing import Optional
 import jax.numpy as jnp
 
 from transformer.attention_core import IMPLEMENTATIONS
+from transformer.layers import ACTIVATIONS, GATED_ACTIVATIONS, NORM_TYPES
 from transformer.positions import VARIANTS
 from transformer.positions.base import Settings, Variant, require
 
 ARCHITECTURES = ('transformer', 'lstm', 'rnn')
 NORMS = ('post', 'pre')
 POOLINGS = ('cls', 'mean', 'last')
-ACTIVATION_NAMES = ('relu', 'gelu')
+ACTIVATION_NAMES = (*ACTIVATIONS, *GATED_ACTIVATIONS)
 COMPUTE_DTYPES = ('float32', 'bfloat16')
 REMAT_POLICIES = ('none', 'block', 'matmuls')  # transformer/blocks.py: what a layer keeps for its backward pass
 
@@ -72,7 +73,11 @@ class ModelConfig:
   attention_dropout_rate: float = 0.0
   activation: str = 'relu'
   norm: str = 'post'                 # 'post' as in the paper, 'pre' for stability when deep
-  layer_norm_eps: float = 1e-6
+  norm_type: str = 'layernorm'       # 'layernorm' as in the paper, or 'rmsnorm' (Llama's)
+  layer_norm_eps: float = 1e-6       # the epsilon of either norm (Llama 1 1e-6; Llama 2, SmolLM2 1e-5)
+  use_bias: bool = True              # biases on every projection and the feed-forward
+  qkv_bias: bool = False             # biases on the query, key and value projections even without use_bias (Qwen2)
+  parallel_residual: bool = False    # pre-LN x + Attention(LN1(x)) + FFN(LN2(x)) (GPT-J, GPT-NeoX); decoder-only
   scale_embeddings: bool = True      # multiply token embeddings by sqrt(model_dim), as in the paper
   tie_embeddings: bool = True        # output logits = x E^T with the input embedding table E
   position: PositionConfig = dataclasses.field(default_factory=PositionConfig)
@@ -107,6 +112,10 @@ class ModelConfig:
       require(0.0 <= getattr(self, name) < 1.0, name, getattr(self, name), 'a rate in [0, 1)')
     require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))
     require(self.norm in NORMS, 'norm', self.norm, ', '.join(NORMS))
+    require(self.norm_type in NORM_TYPES, 'norm_type', self.norm_type, ', '.join(NORM_TYPES))
+    require(self.layer_norm_eps > 0.0, 'layer_norm_eps', self.layer_norm_eps, 'a positive number')
+    require(not self.parallel_residual or self.norm == 'pre', 'parallel_residual', self.parallel_residual,
+            f"False with norm='{self.norm}' (the parallel residual reads each sublayer's own pre-LN of x)")
     require(self.pooling in POOLINGS, 'pooling', self.pooling, ', '.join(POOLINGS))
     require(self.remat in REMAT_POLICIES, 'remat', self.remat, ', '.join(REMAT_POLICIES))
     require(self.compute_dtype in COMPUTE_DTYPES, 'compute_dtype', self.compute_dtype, ', '.join(COMPUTE_DTYPES))

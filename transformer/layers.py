@@ -48,6 +48,12 @@ ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
     'relu': jax.nn.relu,  # the paper's choice
     'gelu': jax.nn.gelu,
 }
+# Gated feed-forwards (Shazeer 2020): the activation of a gate times a linear 'up' projection.
+GATED_ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
+    'swiglu': jax.nn.silu,  # Llama, Mistral, Qwen2, SmolLM2
+    'geglu': jax.nn.gelu,
+}
+NORM_TYPES = ('layernorm', 'rmsnorm')
 
 
 def linear(x_NxI: chex.Array, weight_IxO: chex.Array, bias_O: Optional[chex.Array] = None) -> chex.Array:
@@ -83,6 +89,17 @@ def layer_norm(x: chex.Array, scale_D: chex.Array, offset_D: chex.Array, eps: fl
   return y.astype(x.dtype)
 
 
+def rms_norm(x: chex.Array, scale_D: chex.Array, eps: float = 1e-6) -> chex.Array:
+  """RMSNorm(x) = x / sqrt(mean(x^2) + eps) * scale: no centring, no offset.
+
+  Zhang and Sennrich 2019. Statistics are taken in float32 whatever the input dtype.
+  """
+  chex.assert_shape(scale_D, (x.shape[-1],))
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps) * scale_D
+  return y.astype(x.dtype)
+
+
 def dropout(x: chex.Array, rate: float, rng: Optional[chex.PRNGKey], deterministic: bool) -> chex.Array:
   """Inverted dropout: keep each entry with probability 1 - rate and scale it by 1 / (1 - rate)."""
   if not 0.0 <= rate < 1.0:
@@ -107,6 +124,22 @@ def feed_forward(x_NxD: chex.Array, w1_DxF, b1_F, w2_FxD, b2_D, activation: str 
   hidden = ACTIVATIONS[activation](linear(x_NxD, w1_DxF, b1_F))
   hidden = dropout(hidden, dropout_rate, rng, deterministic)
   y = linear(hidden, w2_FxD, b2_D)
+  chex.assert_equal_shape([x_NxD, y])
+  return y
+
+
+def gated_feed_forward(x_NxD: chex.Array, gate_DxF, gate_bias_F, up_DxF, up_bias_F, down_FxD, down_bias_D,
+                       activation: str = 'swiglu', dropout_rate: float = 0.0, rng: Optional[chex.PRNGKey] = None,
+                       deterministic: bool = True) -> chex.Array:
+  """FFN(x) = (act(x W_gate + b_gate) * (x W_up + b_up)) W_down + b_down: SwiGLU with act = SiLU, GeGLU with
+  GELU (Shazeer 2020, "GLU variants improve Transformer"); F is the gate's width. Dropout acts on the product.
+  """
+  if activation not in GATED_ACTIVATIONS:
+    raise ValueError(f'activation: got {activation!r}, valid: {sorted(GATED_ACTIVATIONS)}')
+  chex.assert_equal_shape([gate_DxF, up_DxF])
+  hidden = GATED_ACTIVATIONS[activation](linear(x_NxD, gate_DxF, gate_bias_F)) * linear(x_NxD, up_DxF, up_bias_F)
+  hidden = dropout(hidden, dropout_rate, rng, deterministic)
+  y = linear(hidden, down_FxD, down_bias_D)
   chex.assert_equal_shape([x_NxD, y])
   return y
 
@@ -158,6 +191,22 @@ class LayerNorm(nn.Module):
     return layer_norm(x, scale, offset, self.eps)
 
 
+class RMSNorm(nn.Module):
+  """Owns the learnable scale (ones), and calls `rms_norm`."""
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: chex.Array) -> chex.Array:
+    return rms_norm(x, parameter(self, 'scale', nn.initializers.ones, (x.shape[-1],)), self.eps)
+
+
+def norm_layer(norm_type: str, eps: float, **kwargs) -> nn.Module:
+  """The block's normalisation: 'layernorm' or 'rmsnorm' (model.norm_type), with its epsilon."""
+  if norm_type not in NORM_TYPES:
+    raise ValueError(f'norm_type: got {norm_type!r}, valid: {", ".join(NORM_TYPES)}')
+  return (LayerNorm if norm_type == 'layernorm' else RMSNorm)(eps, **kwargs)
+
+
 class Dropout(nn.Module):
   """Calls `dropout` with a key from the 'dropout' rng stream."""
   rate: float
@@ -169,19 +218,27 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Position-wise feed-forward network with dropout on the hidden layer."""
+  """Position-wise feed-forward network with dropout on the hidden layer: `feed_forward`, or
+  `gated_feed_forward` for a gated activation (a third matrix, gate_kernel). use_bias: the biases."""
   hidden_features: int
   activation: str = 'relu'
   dropout_rate: float = 0.0
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x: chex.Array, deterministic: bool = True) -> chex.Array:
     width = x.shape[-1]
     init = nn.initializers.xavier_uniform()
-    w1 = parameter(self, 'hidden_kernel', named_axes(init, (EMBED, MLP)), (width, self.hidden_features))
-    b1 = parameter(self, 'hidden_bias', nn.initializers.zeros, (self.hidden_features,))
-    w2 = parameter(self, 'output_kernel', named_axes(init, (MLP, EMBED)), (self.hidden_features, width))
-    b2 = parameter(self, 'output_bias', nn.initializers.zeros, (width,))
+
+    def weights(name: str, shape: tuple, axes: tuple):
+      kernel = parameter(self, f'{name}_kernel', named_axes(init, axes), shape).astype(x.dtype)
+      bias = parameter(self, f'{name}_bias', nn.initializers.zeros, shape[1:]) if self.use_bias else None
+      return kernel, None if bias is None else bias.astype(x.dtype)
+
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
-    w1, b1, w2, b2 = (p.astype(x.dtype) for p in (w1, b1, w2, b2))
-    return feed_forward(x, w1, b1, w2, b2, self.activation, self.dropout_rate, rng, deterministic)
+    hidden = weights('hidden', (width, self.hidden_features), (EMBED, MLP))
+    output = weights('output', (self.hidden_features, width), (MLP, EMBED))
+    if self.activation in GATED_ACTIVATIONS:
+      gate = weights('gate', (width, self.hidden_features), (EMBED, MLP))
+      return gated_feed_forward(x, *gate, *hidden, *output, self.activation, self.dropout_rate, rng, deterministic)
+    return feed_forward(x, *hidden, *output, self.activation, self.dropout_rate, rng, deterministic)

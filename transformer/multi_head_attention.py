@@ -32,6 +32,8 @@ class MultiHeadAttention(nn.Module):
   block_size: int = 0       # queries per block in the blockwise core (0: none)
   key_block_size: int = 0   # keys per block there (0: every key a query block sees)
   implementation: str = 'auto'  # the attention core, chosen per call by attention_core.choose
+  qkv_bias: bool = True     # biases on the query, key and value projections
+  out_bias: bool = True     # a bias on the output projection
 
   @nn.compact
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
@@ -75,18 +77,19 @@ class MultiHeadAttention(nn.Module):
                                    settings)
     if result.weights_BxHxLqxLk is not None:
       self.sow('intermediates', 'attention_weights', result.weights_BxHxLqxLk)
-    return Dense(width, name='out', axes=(HEADS, EMBED))(merge_heads(result.output_BxLqxHxV))
+    return Dense(width, use_bias=self.out_bias, name='out', axes=(HEADS, EMBED))(merge_heads(result.output_BxLqxHxV))
 
   def _project(self, inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention: bool, reads_memory_cache: bool):
     """Queries, keys and values, B x L x H x K each; keys and values None when they come from the cache
     (cross-attention's memory, projected by the first call)."""
     width = inputs_q_BxLqxD.shape[-1]
-    projections = [Dense(width, name=name, axes=(EMBED, HEADS)) for name in ('query', 'key', 'value')]
+    projections = [Dense(width, use_bias=self.qkv_bias, name=name, axes=(EMBED, HEADS))
+                   for name in ('query', 'key', 'value')]
     if is_self_attention:  # one matmul of width 3D instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype
       qkv_BxLx3D = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
-                          jnp.concatenate(biases).astype(dtype))
+                          jnp.concatenate(biases).astype(dtype) if self.qkv_bias else None)
       return tuple(split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
     query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
     if reads_memory_cache:

@@ -32,7 +32,8 @@ ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed'
                 'task.passkey_fraction': 0.0, 'task.needle_fraction': 0.0, 'task.needles': 4,
                 'model.randomized_max_length': 0, 'train.init_from': '', 'model.attention_implementation': 'auto',
                 'model.position.interpolation_factor': 1.0, 'model.position.temperature_scale': 0.0,
-                'model.position.temperature_floor': 8192,
+                'model.position.temperature_floor': 8192, 'model.norm_type': 'layernorm', 'model.layer_norm_eps': 1e-6,
+                'model.use_bias': True, 'model.qkv_bias': False, 'model.parallel_residual': False,
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(Settings)},
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
 
