@@ -137,24 +137,34 @@ def _load_tokenizer(directory: str, kind: str, fields: _Manifest):
                         f'({" ".join(str(error).split())[:120]})') from None
 
 
+def _check_file_hash(path: str, expected: str, found: str) -> None:
+  if found != expected:
+    raise DataError(f'{path}: changed since it was prepared (SHA-256 {found[:12]}... differs from the '
+                    f'manifest\'s {expected[:12]}...); prepare it again ({REBUILD})')
+
+
 def _check_token_file(path: str, dtype: np.dtype, entry_name: str, entry: dict, tokenizer, fields: _Manifest) -> None:
-  """The split's ids against the tokenizer (every id below its vocabulary, EOD last) and its counts."""
+  """One pass over the split's file: its SHA-256 against the manifest's, every id below the tokenizer's
+  vocabulary, EOD last, and the token and document counts."""
   size = os.path.getsize(path)
   if size % dtype.itemsize:
     raise fields.refuse('dtype', f'{dtype.name} ids of {dtype.itemsize} bytes, but {os.path.basename(path)} holds '
                         f'{size} bytes')
-  tokens = np.memmap(path, dtype, mode='r') if size else np.zeros(0, dtype)
-  largest, documents = -1, 0
-  for start in range(0, len(tokens), 1 << 24):
-    chunk = np.asarray(tokens[start:start + (1 << 24)])
-    largest = max(largest, int(chunk.max()))
-    documents += int(np.count_nonzero(chunk == tokenizer.eod))
+  digest, largest, documents, last = hashlib.sha256(), -1, 0, None
+  with open(path, 'rb') as file:
+    for block in iter(lambda: file.read(1 << 22), b''):  # a multiple of every dtype's size
+      digest.update(block)
+      ids = np.frombuffer(block, dtype)
+      largest = max(largest, int(ids.max()))
+      documents += int(np.count_nonzero(ids == tokenizer.eod))
+      last = ids[-1]
+  _check_file_hash(path, entry['sha256'], digest.hexdigest())
   if largest >= tokenizer.vocab_size:
     raise fields.refuse('tokenizer.vocab_size', f'{tokenizer.vocab_size} tokens, but {os.path.basename(path)} holds '
                         f'id {largest}')
-  if len(tokens) and tokens[-1] != tokenizer.eod:
+  if last is not None and last != tokenizer.eod:
     raise fields.refuse('eod', f'{tokenizer.eod}, but {os.path.basename(path)} does not end with it')
-  for name, counted in (('tokens', len(tokens)), ('documents', documents)):
+  for name, counted in (('tokens', size // dtype.itemsize), ('documents', documents)):
     if fields.field(f'{entry_name}.{name}', int, 'a count') != counted:
       raise fields.refuse(f'{entry_name}.{name}', f'got {entry[name]}, but {os.path.basename(path)} holds {counted}')
 
@@ -174,20 +184,18 @@ def open_corpus(directory: str) -> Corpus:
   dtype_name = fields.field('dtype', str, ', '.join(DTYPES))
   if dtype_name not in DTYPES:
     raise fields.refuse('dtype', f'got {dtype_name!r}; valid: {", ".join(DTYPES)}')
-  files = [(TOKENIZER_FILE, fields.field('tokenizer.sha256', str, 'a SHA-256'))] if kind == 'bpe' else []
+  tokenizer_sha256 = fields.field('tokenizer.sha256', str, 'a SHA-256')
   for split in SPLITS:
     name = fields.field(f'splits.{split}.file', str, f'{split}.bin')
     if name != f'{split}.bin':
       raise fields.refuse(f'splits.{split}.file', f'got {name!r}; valid: {split}.bin')
-    files.append((name, fields.field(f'splits.{split}.sha256', str, 'a SHA-256')))
-  for name, expected in files:
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
-      raise DataError(f'{path}: missing; the corpus is incomplete: prepare it again ({REBUILD})')
-    found = sha256_of_file(path)
-    if found != expected:
-      raise DataError(f'{path}: changed since it was prepared (SHA-256 {found[:12]}... differs from the '
-                      f'manifest\'s {expected[:12]}...); prepare it again ({REBUILD})')
+    fields.field(f'splits.{split}.sha256', str, 'a SHA-256')
+  for name in ([TOKENIZER_FILE] if kind == 'bpe' else []) + [f'{split}.bin' for split in SPLITS]:
+    if not os.path.isfile(os.path.join(directory, name)):
+      raise DataError(f'{os.path.join(directory, name)}: missing; the corpus is incomplete: prepare it again ({REBUILD})')
+  if kind == 'bpe':
+    path = os.path.join(directory, TOKENIZER_FILE)
+    _check_file_hash(path, tokenizer_sha256, sha256_of_file(path))
   tokenizer = _load_tokenizer(directory, kind, fields)
   for name, value in (('tokenizer.vocab_size', tokenizer.vocab_size), ('eod', tokenizer.eod)):
     recorded = fields.field(name, int, 'an integer')
@@ -197,7 +205,7 @@ def open_corpus(directory: str) -> Corpus:
     _check_token_file(os.path.join(directory, f'{split}.bin'), DTYPES[dtype_name], f'splits.{split}',
                       manifest['splits'][split], tokenizer, fields)
   split_sha256 = {split: manifest['splits'][split]['sha256'] for split in SPLITS}
-  if identity(manifest['tokenizer']['sha256'], split_sha256, dtype_name, tokenizer.eod) != fields.field(
+  if identity(tokenizer_sha256, split_sha256, dtype_name, tokenizer.eod) != fields.field(
       'identity', str, 'a SHA-256'):
     raise DataError(f'{os.path.join(directory, "manifest.json")}: its identity does not match its files; '
                     f'prepare it again ({REBUILD})')
