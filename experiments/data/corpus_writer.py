@@ -6,6 +6,7 @@ leftovers of a prepare killed with -9 (which nothing could remove) are removed b
 experiments/prepare_corpus.py is the command; `settings` holds its checked flags.
 """
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -133,26 +134,32 @@ def _manifest(inputs: list, settings: dict, command: str, tokenizer, tokenizer_t
                                       settings['dtype'], tokenizer.eod))
 
 
-def _claim(temporary: str, output: str) -> exclusive_lock:
-  """The lock of OUTPUT.partial/, held; anything else in it (a killed prepare's files) removed. InputError if
-  another prepare holds it, or has just renamed it to the output."""
+@contextlib.contextmanager
+def _claimed(temporary: str, output: str):
+  """OUTPUT.partial/ under its lock while the block runs, anything else in it (a killed prepare's files) removed
+  first, and the folder removed after unless the block renamed it. InputError if another prepare holds it, or
+  has just renamed it to the output."""
   os.makedirs(temporary, exist_ok=True)
-  lock = exclusive_lock(os.path.join(temporary, LOCK_FILE), temporary)
-  try:
-    lock.__enter__()
-  except Busy as error:
-    raise InputError(f'--output: got {output}, which another prepare_corpus is writing ({error.holder}, in '
-                     f'{temporary}); valid: wait for it to finish, or another --output') from None
-  except FileNotFoundError:
-    raise InputError(f'--output: got {output}, which another prepare_corpus has just written; valid: a new or empty '
-                     f'folder') from None
-  leftovers = sorted(name for name in os.listdir(temporary) if name != LOCK_FILE)
-  if leftovers:
-    logging.warning('%s: removing what a stopped prepare left there (%s)', temporary, ', '.join(leftovers))
-    for name in leftovers:
-      path = os.path.join(temporary, name)
-      shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-  return lock
+  with contextlib.ExitStack() as held:
+    try:
+      held.enter_context(exclusive_lock(os.path.join(temporary, LOCK_FILE), temporary))
+    except Busy as error:
+      raise InputError(f'--output: got {output}, which another prepare_corpus is writing ({error.holder}, in '
+                       f'{temporary}); valid: wait for it to finish, or another --output') from None
+    except FileNotFoundError:
+      raise InputError(f'--output: got {output}, which another prepare_corpus has just written; valid: a new or '
+                       f'empty folder') from None
+    leftovers = sorted(name for name in os.listdir(temporary) if name != LOCK_FILE)
+    if leftovers:
+      logging.warning('%s: removing what a stopped prepare left there (%s)', temporary, ', '.join(leftovers))
+      for name in leftovers:
+        path = os.path.join(temporary, name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    try:
+      yield
+    finally:
+      if os.path.exists(temporary):
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def prepare(files: list[str], settings: dict, command: str) -> dict:
@@ -161,8 +168,7 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
   inputs = [documents_lib.describe(path) for path in files]
   started = time.monotonic()
   temporary = f'{output}.partial'
-  lock = _claim(temporary, output)
-  try:
+  with _claimed(temporary, output):
     tokenizer = _train_tokenizer(files, settings) if settings['tokenizer'] == 'bpe' else ByteTokenizer()
     tokenizer_text = tokenizer.to_str()
     if settings['tokenizer'] == 'bpe':
@@ -185,10 +191,6 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
       raise InputError(f'--output: got {output}, which another prepare_corpus wrote meanwhile; valid: a new or '
                        f'empty folder') from None
     os.remove(os.path.join(output, LOCK_FILE))  # still held through its open file until the lock is released
-  finally:
-    if os.path.exists(temporary):
-      shutil.rmtree(temporary, ignore_errors=True)
-    lock.__exit__(None, None, None)
   seconds = time.monotonic() - started
   text_bytes = sum(entry['text_bytes'] for entry in splits.values())
   tokens = sum(entry['tokens'] for entry in splits.values())
