@@ -90,10 +90,11 @@ class TransformerLayer(nn.Module):
     hooks = config.position.variant.layer(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
         name='position')
-    self_attention = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
-                                        config.attention_key_block_size, config.attention_implementation,
-                                        qkv_bias=config.use_bias or config.qkv_bias, out_bias=config.use_bias,
-                                        name='self_attention')
+    attention = dict(num_heads=config.num_heads, dropout_rate=config.attention_dropout_rate,
+                     block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
+                     implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
+                     out_bias=config.use_bias)
+    self_attention = MultiHeadAttention(**attention, name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
     # A cached step's mask is explicit: its keys are the cache's slots.
@@ -114,10 +115,7 @@ class TransformerLayer(nn.Module):
       return x_BxLxD + attended + fed
     x_BxLxD = _Residual(config, name='self_attention_residual')(x_BxLxD, attend, deterministic)
     if self.cross_attention:
-      cross = MultiHeadAttention(config.num_heads, config.attention_dropout_rate, config.attention_block_size,
-                                 config.attention_key_block_size, config.attention_implementation,
-                                 qkv_bias=config.use_bias or config.qkv_bias, out_bias=config.use_bias,
-                                 name='cross_attention')
+      cross = MultiHeadAttention(**attention, name='cross_attention')
       cross_positions = None
       if config.aligned_cross_attention:
         cross_hooks = config.position.variant.layer(
