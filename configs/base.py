@@ -21,7 +21,8 @@ def _add_parallel(config: ml_collections.ConfigDict) -> None:
   config.parallel.tensor = 1           # mesh: devices over which heads and feed-forward units are split (Megatron)
   config.parallel.rules = ml_collections.ConfigDict()  # where each logical parameter axis is split; '': nowhere
   config.parallel.rules.embed = 'fsdp'   # model width: every matrix and the embedding have one
-  config.parallel.rules.heads = 'tensor'  # attention heads (query, key, value and output projections)
+  config.parallel.rules.heads = 'tensor'  # the query heads (query and output projections)
+  config.parallel.rules.kv_heads = 'tensor'  # the key and value heads (key and value projections)
   config.parallel.rules.mlp = 'tensor'   # feed-forward hidden units
   config.parallel.rules.vocab = ''       # vocabulary rows of the embedding and output matrices
 
@@ -52,6 +53,8 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'
   config.model.model_dim = 64          # d_model
   config.model.num_heads = 4           # heads; model_dim must be a multiple
+  config.model.num_kv_heads = 0        # key and value heads (grouped-query attention), a divisor of num_heads;
+  #                                      1: multi-query; 0: num_heads (multi-head)
   config.model.feed_forward_dim = 256  # d_ff
   config.model.num_encoder_layers = 2  # encoder layers (encoder_decoder, encoder_only)
   config.model.num_decoder_layers = 2  # decoder layers (decoder_only, encoder_decoder)

@@ -136,15 +136,15 @@ def test_a_cached_decoding_step_is_refused_by_the_kernel():
 LENGTH, HEADS = 256, 4
 
 
-def _lowered_train_step(kind: str, backend: str, platform: str, monkeypatch) -> str:
+def _lowered_train_step(kind: str, backend: str, platform: str, monkeypatch, num_kv_heads: int = 0) -> str:
   """The StableHLO of one decoder training step (loss, gradients, an Adam update) lowered for platform."""
   monkeypatch.setattr(attention_core, 'current_backend', lambda: backend)
   config = tiny(kind, attention_implementation='pallas', num_heads=HEADS, model_dim=128, attention_block_size=64,
-                compute_dtype='bfloat16', vocab_size=64)
+                compute_dtype='bfloat16', vocab_size=64, num_kv_heads=num_kv_heads)
   model = T.DecoderOnly(config)
   inputs = jnp.zeros((2, LENGTH), jnp.int32)
-  params = jax.eval_shape(lambda: T.DecoderOnly(tiny(kind, num_heads=HEADS, model_dim=128, vocab_size=64)).init(
-      jax.random.PRNGKey(0), inputs))
+  params = jax.eval_shape(lambda: T.DecoderOnly(tiny(kind, num_heads=HEADS, model_dim=128, vocab_size=64,
+                                                     num_kv_heads=num_kv_heads)).init(jax.random.PRNGKey(0), inputs))
   optimizer = optax.adam(1e-3)
 
   def step(params, opt_state, inputs):
@@ -170,6 +170,17 @@ def test_the_training_step_lowers_with_the_kernels_and_no_full_position_term(kin
   """Per layer a forward kernel and two backward kernels (dK dV with the term's gradient, dQ): 2 layers,
   6 calls; and no array of L x L elements anywhere (no term, no mask, no weights)."""
   text = _lowered_train_step(kind, backend, platform, monkeypatch)
+  calls = re.findall(r'custom_call @([\w$.]+)', text)
+  assert calls.count(KERNEL_CALL[platform]) == 6, calls
+  assert not re.search(rf'tensor<(\d+x)*{LENGTH}x{LENGTH}x', text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('platform, backend', [('cuda', 'gpu'), ('tpu', 'tpu')])
+def test_grouped_query_attention_lowers_with_the_kernels_on_both_accelerators(platform, backend, monkeypatch):
+  """ALiBi with one key and value head for 4 (multi-query) through the kernels: Triton and Mosaic lower the key and
+  value blocks' index maps (head h // 4), 6 kernel calls for 2 layers, no L x L array."""
+  text = _lowered_train_step('alibi', backend, platform, monkeypatch, num_kv_heads=1)
   calls = re.findall(r'custom_call @([\w$.]+)', text)
   assert calls.count(KERNEL_CALL[platform]) == 6, calls
   assert not re.search(rf'tensor<(\d+x)*{LENGTH}x{LENGTH}x', text)

@@ -63,7 +63,7 @@ def test_a_prefix_of_the_keys_has_the_chunk_transforms_of_its_own_chunks():
     alone = path.chunk_transform_columns(w_BxHxKxL[..., :m], beta_BxHxL[..., :m], 16)
     np.testing.assert_allclose(np.asarray(whole[..., :m]), np.asarray(alone), atol=1e-5, err_msg=str(m))
     shared = path.reflected_logits(q[:, :m], k[:, :m], w_BxHxKxL[..., :m], beta_BxHxL[..., :m], index[:, :m],
-                                   index[:, :m], transform_BxHxCxLk=whole[..., :m])
+                                   index[:, :m], transform_BxGxCxLk=whole[..., :m])
     causal = np.tril(np.ones((m, m), bool))
     np.testing.assert_allclose(np.asarray(shared)[0][:, causal],
                                np.asarray(_carried(q[:, :m], k[:, :m], w[:, :m], beta[:, :m], chunk_size=1))[0][:, causal],

@@ -264,15 +264,17 @@ def test_a_probe_the_run_cannot_serve_is_refused_before_anything_is_written(monk
     check(huge, config, codec, len(stream))
 
 
-@pytest.mark.parametrize('compute_dtype', ['float32', 'bfloat16'])
-def test_the_decoding_bound_is_the_cached_keys_and_values_and_no_more(compute_dtype):
+@pytest.mark.parametrize('compute_dtype, kv_heads', [('float32', 0), ('bfloat16', 0), ('float32', 1)])
+def test_the_decoding_bound_is_the_cached_keys_and_values_and_no_more(compute_dtype, kv_heads):
   """decoding_bytes_at_least equals the bytes of the keys and values the model's cache holds (jax.eval_shape of
-  the call that creates it), so it never refuses a probe that would fit."""
+  the call that creates it), so it never refuses a probe that would fit; with one key and value head of three
+  (multi-query attention) a third of them."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
   config = transformer.ModelConfig(vocab_size=50, model_dim=24, num_heads=3, feed_forward_dim=32, num_decoder_layers=3,
-                                   position=transformer.PositionConfig('rope'), compute_dtype=compute_dtype)
+                                   position=transformer.PositionConfig('rope'), compute_dtype=compute_dtype,
+                                   num_kv_heads=kv_heads)
   model = transformer.build_model(config, 'decoder_only')
   tokens = jnp.zeros((5, 40), jnp.int32)
   params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))
@@ -281,6 +283,7 @@ def test_the_decoding_bound_is_the_cached_keys_and_values_and_no_more(compute_dt
   kv = sum(leaf.size * leaf.dtype.itemsize for path, leaf in leaves
            if jax.tree_util.keystr(path).endswith(("'cached_key']", "'cached_value']")))
   assert kv == probes.decoding_bytes_at_least(config, 5, 40)
+  assert kv == 3 * 2 * 5 * 40 * 24 * (4 if compute_dtype == 'float32' else 2) // (3 if kv_heads == 1 else 1)
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ Shape letters: a name ends in its array's axes joined by x (`logits_BxHxLqxLk`),
   Ld   the distances j - i of an Lq x Lk window: Lq + Lk - 1
   bq   queries in one block (blockwise attention, the kernel)
   bk   keys in one block
-  H    attention heads
+  H    attention heads (the queries')
+  G    key and value heads: H / G query heads share each (grouped-query attention)
   D    model width
   F    feed-forward width
   I    a dense layer's input features

@@ -1,5 +1,8 @@
 """Scaled dot-product attention (Vaswani et al. 2017, section 3.2.1), the same through
-jax.nn.dot_product_attention, and the split and merge of heads (section 3.2.2)."""
+jax.nn.dot_product_attention, the split and merge of heads (section 3.2.2), and grouped-query attention's
+products (Ainslie et al. 2023): H query heads over G key and value heads, query head h reading key and
+value head h // (H / G) (the layout of Hugging Face's checkpoints), each key and value head read once for
+its group, never repeated in memory."""
 
 import math
 from typing import Callable, Optional
@@ -12,6 +15,44 @@ from transformer.layers import dropout
 from transformer.softmax import softmax
 
 
+def check_groups(query_heads: int, key_value_heads: int) -> int:
+  """The group size H / G: ValueError unless the key and value heads divide the query heads."""
+  if key_value_heads <= 0 or query_heads % key_value_heads:
+    raise ValueError(f'num_kv_heads: got {key_value_heads} key and value heads for {query_heads} query heads; '
+                     f'valid: a divisor of num_heads={query_heads}')
+  return query_heads // key_value_heads
+
+
+def _by_group(rows_BxHxLqxN: chex.Array, shared_BxGxLkxM: chex.Array, contraction: str) -> chex.Array:
+  """An einsum of every query head h with head h // (H / G) of the shared operand: a group's H / G query heads go
+  in as one block of rows (a free reshape), so the shared heads are read once. contraction names the last two
+  axes of each operand and of the result, e.g. 'qk,sk->qs'."""
+  batch, heads, length_q, _ = rows_BxHxLqxN.shape
+  groups = shared_BxGxLkxM.shape[1]
+  group_size = check_groups(heads, groups)
+  grouped_rows = rows_BxHxLqxN.reshape(batch, groups, group_size * length_q, rows_BxHxLqxN.shape[-1])
+  operands, result = contraction.split('->')
+  rows, shared = operands.split(',')
+  product = jnp.einsum(f'bg{rows},bg{shared}->bg{result}', grouped_rows, shared_BxGxLkxM)
+  return product.reshape(batch, heads, length_q, product.shape[-1])
+
+
+def grouped_logits(query_BxHxLqxK: chex.Array, key_BxGxLkxK: chex.Array) -> chex.Array:
+  """q_i . k_j for every query head h with its key head h // (H / G): B x H x Lq x Lk."""
+  return _by_group(query_BxHxLqxK, key_BxGxLkxK, 'qk,sk->qs')
+
+
+def grouped_output(weights_BxHxLqxLk: chex.Array, value_BxGxLkxV: chex.Array) -> chex.Array:
+  """sum_j a_ij v_j for every query head h with its value head h // (H / G): B x H x Lq x V."""
+  return _by_group(weights_BxHxLqxLk, value_BxGxLkxV, 'qs,sv->qv')
+
+
+def grouped_logits_heads_last(query_BxLqxHxK: chex.Array, key_BxLkxGxK: chex.Array) -> chex.Array:
+  """grouped_logits in float32 for queries and keys in the B x L x heads x K layout: B x H x Lq x Lk."""
+  return grouped_logits(jnp.transpose(query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32),
+                        jnp.transpose(key_BxLkxGxK, (0, 2, 1, 3)).astype(jnp.float32))
+
+
 def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex.Array, *,
                                  mask: Optional[chex.Array] = None, bias: Optional[chex.Array] = None,
                                  scale: Optional[float] = None, return_weights: bool = False,
@@ -19,8 +60,8 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
                                  deterministic: bool = True, weights_function: Optional[Callable] = None):
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(d_k) by default.
 
-  query: B x Lq x H x K, key: B x Lk x H x K, value: B x Lk x H x V (the layout of
-  `jax.nn.dot_product_attention`). mask (True = attend) and bias broadcast to B x H x Lq x Lk.
+  query: B x Lq x H x K, key: B x Lk x G x K, value: B x Lk x G x V (the layout of
+  `jax.nn.dot_product_attention`; G divides H, query head h reads key and value head h // (H / G)). mask (True = attend) and bias broadcast to B x H x Lq x Lk.
   Logits and softmax are in float32 whatever the input dtype. The 1/sqrt(d_k) keeps the logits'
   variance near 1 as d_k grows, so the softmax does not saturate.
   weights_function(logits, mask) -> weights replaces the softmax (stick-breaking attention).
@@ -28,7 +69,7 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   """
   chex.assert_rank([query, key, value], 4)
   chex.assert_equal_shape_prefix([key, value], 3)
-  chex.assert_equal_shape([query[:, :1], key[:, :1]])  # same batch, heads and head width
+  chex.assert_equal_shape([query[:, :1, :1], key[:, :1, :1]])  # same batch and head width
   batch, length_q, heads, head_dim = query.shape
   length_k = key.shape[1]
   if scale is None:
@@ -36,14 +77,14 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   # Heads first before the matmuls: XLA's CPU backend runs B x H x L x K batched matmuls much faster
   # than the same contraction over the B x L x H x K layout.
   query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32)
-  key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
-  logits_BxHxLqxLk = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxLqxK, key_BxHxLkxK) * scale
+  key_BxGxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
+  logits_BxHxLqxLk = grouped_logits(query_BxHxLqxK, key_BxGxLkxK) * scale
   if bias is not None:
     logits_BxHxLqxLk = logits_BxHxLqxLk + bias.astype(jnp.float32)
   chex.assert_shape(logits_BxHxLqxLk, (batch, heads, length_q, length_k))
   weights_BxHxLqxLk = (weights_function or softmax)(logits_BxHxLqxLk, mask)
   attended = dropout(weights_BxHxLqxLk, dropout_rate, dropout_rng, deterministic)
-  output_BxHxLqxV = jnp.einsum('bhqs,bhsv->bhqv', attended.astype(value.dtype), jnp.transpose(value, (0, 2, 1, 3)))
+  output_BxHxLqxV = grouped_output(attended.astype(value.dtype), jnp.transpose(value, (0, 2, 1, 3)))
   output_BxLqxHxV = jnp.transpose(output_BxHxLqxV, (0, 2, 1, 3))
   chex.assert_shape(output_BxLqxHxV, (batch, length_q, heads, value.shape[-1]))
   return (output_BxLqxHxV, weights_BxHxLqxLk) if return_weights else output_BxLqxHxV
@@ -52,7 +93,8 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
 def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, mask: Optional[chex.Array] = None,
                     bias: Optional[chex.Array] = None, scale: Optional[float] = None,
                     implementation: str = 'xla', mask_parts: Optional[tuple] = None) -> chex.Array:
-  """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K) with the given
+  """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K, keys and values
+  with G heads, which it groups as scaled_dot_product_attention does) with the given
   implementation ('xla' or 'cudnn'), which never hands back the weights. A fully masked row gives a uniform
   average here (zeros in scaled_dot_product_attention); no model in this library produces one for a
   position whose output is used.

@@ -203,14 +203,13 @@ def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionRes
   where the variant's terms vanish beyond one (Shaw's causal band), never for the whole call."""
   query, key, value, positions = request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, request.positions
   causal = request.mask.causal
-  logits_term = values_term = band = None
+  logits_term = values_term = band = value_offset = None
   if positions is not None:
     hooks, q_positions_BxLq, k_positions_BxLk = positions.hooks, positions.q_positions_BxLq, positions.k_positions_BxLk
     causal_band = hooks.causal_band() if causal else None
     if causal_band is not None and _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk):
       # Terms on the band next to each query block only; the keys before it go in without any.
-      band = causal_band.width
-      value = value + causal_band.value_offset().astype(value.dtype)
+      band, value_offset = causal_band.width, causal_band.value_offset()
 
       def logits_term(query_block, q_slice, k_slice):
         return causal_band.logits(query_block, q_positions_BxLq[:, q_slice], k_positions_BxLk[:, k_slice],
@@ -233,7 +232,8 @@ def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionRes
   return AttentionResult(blockwise_attention(
       query, key, value, block_size=settings.block_size, mask=request.mask.mask, scale=request.scale,
       skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
-      key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band))
+      key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band,
+      value_offset_HxV=value_offset))
 
 
 def _blockwise_rule(request: AttentionRequest, settings: CoreSettings, logits_term, all_keys_at_once: bool):
@@ -243,11 +243,11 @@ def _blockwise_rule(request: AttentionRequest, settings: CoreSettings, logits_te
     raise ValueError(f'position.kind: a values term with the weights of {request.weights_rule.name}; valid: one '
                      'or the other')
   query_BxHxLqxK = jnp.transpose(request.query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32) * request.scale
-  key_BxHxLkxK = jnp.transpose(request.key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32)
-  value_BxHxLkxV = jnp.transpose(request.value_BxLkxHxV, (0, 2, 1, 3))
+  key_BxGxLkxK = jnp.transpose(request.key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32)
+  value_BxGxLkxV = jnp.transpose(request.value_BxLkxHxV, (0, 2, 1, 3))
   query = request.query_BxLqxHxK
   output_BxHxLqxV = request.weights_rule.blockwise(
-      query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV,
+      query_BxHxLqxK, key_BxGxLkxK, value_BxGxLkxV,
       jnp.ones((1, 1, 1, 1), bool) if request.mask.mask is None else request.mask.mask,
       positions.q_positions_BxLq, positions.k_positions_BxLk,
       lambda q_slice, k_slice: None if logits_term is None else logits_term(query[:, q_slice], q_slice, k_slice),

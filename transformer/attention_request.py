@@ -47,7 +47,7 @@ class WeightsRule:
 
   dense(logits_BxHxLqxLk, allowed, q_positions_BxLq, k_positions_BxLk) -> weights B x H x Lq x Lk, the
     logits scaled and with the variant's term, allowed the mask (True = attend; None: every key).
-  blockwise(query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV, allowed, q_positions_BxLq, k_positions_BxLk,
+  blockwise(query_BxHxLqxK, key_BxGxLkxK, value_BxGxLkxV, allowed, q_positions_BxLq, k_positions_BxLk,
     logits_term, block_size, key_block_size, skip_future_blocks) -> output B x H x Lq x V: the same
     weights applied to the values in blocks of queries (and keys), the queries already scaled;
     logits_term(q_slice, k_slice) gives a block's term or None.

@@ -88,9 +88,10 @@ class TransformerLayer(nn.Module):
     cache = dict(use_cache=use_cache, cache_index=cache_index)
     causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = config.position.variant.layer(
-        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
+        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index,
+                       num_kv_heads=config.key_value_heads),
         name='position')
-    attention = dict(num_heads=config.num_heads, dropout_rate=config.attention_dropout_rate,
+    attention = dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads, dropout_rate=config.attention_dropout_rate,
                      block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
                      implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
                      out_bias=config.use_bias)
@@ -119,7 +120,8 @@ class TransformerLayer(nn.Module):
       cross_positions = None
       if config.aligned_cross_attention:
         cross_hooks = config.position.variant.layer(
-            **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index),
+            **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index,
+                           num_kv_heads=config.key_value_heads),
             name='cross_position')
         cross_positions = AttentionPositions(cross_hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared)
       # Aligned cross-attention's mask is causal by step and the padding: not given as parts.

@@ -31,6 +31,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from transformer.attention import grouped_logits, grouped_output
 from transformer.softmax import masked_fill_value
 
 
@@ -48,12 +49,13 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
                         skip_future_blocks: bool = False,
                         logits_term: Optional[Callable] = None,
                         values_term: Optional[Callable] = None,
-                        key_block_size: Optional[int] = None, band: Optional[int] = None) -> chex.Array:
+                        key_block_size: Optional[int] = None, band: Optional[int] = None,
+                        value_offset_HxV: Optional[chex.Array] = None) -> chex.Array:
   """softmax(Q K^T * scale + term) V (+ the values term), block_size queries at a time, over
   key_block_size keys at a time (None: all the keys the query block may see, in one block).
 
-  query B x Lq x H x K, key B x Lk x H x K, value B x Lk x H x V (the layout of
-  jax.nn.dot_product_attention); mask (True = attend) broadcasts to B x H x Lq x Lk.
+  query B x Lq x H x K, key B x Lk x G x K, value B x Lk x G x V (the layout of
+  jax.nn.dot_product_attention; query head h reads key and value head h // (H / G)); mask (True = attend) broadcasts to B x H x Lq x Lk.
   logits_term(query_block, q_slice, k_slice) -> a term broadcastable to B x H x bq x bk, or None.
   values_term(p_BxHxbqxbk, q_slice, k_slice) -> B x bq x H x V, or None; it must be linear in p,
   since it receives unnormalised, running-max-shifted weights (Shaw's a^V term is).
@@ -63,6 +65,9 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   query; each query block's keys before its first query's band then go in without terms (in
   key_block_size blocks), and the terms are computed on one block of the rest: the block's queries
   and the `band` keys before them.
+  value_offset_HxV: a vector per query head added to every value it reads (Shaw's re-centred band), added to
+  the output instead (each row's weights sum to one), so that values shared by a group of query heads stay as
+  they are.
   A query row whose keys are all masked gets zeros (as scaled_dot_product_attention gives).
   """
   _check_arguments(query, key, value, block_size, key_block_size, skip_future_blocks, band)
@@ -76,8 +81,8 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   # layout (`python -m experiments.benchmark attention`).
   # Scaled once here (B x H x L x K numbers) rather than in every block's logits (L x L per head).
   query_BxHxLqxK = jnp.transpose(query, (0, 2, 1, 3)).astype(jnp.float32) * scale
-  key_BxHxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
-  value_BxHxLkxV = jnp.transpose(value, (0, 2, 1, 3))
+  key_BxGxLkxK = jnp.transpose(key, (0, 2, 1, 3)).astype(jnp.float32)
+  value_BxGxLkxV = jnp.transpose(value, (0, 2, 1, 3))
   outputs = []
   for q_start in range(0, length_q, block_size):
     q_slice = slice(q_start, min(q_start + block_size, length_q))
@@ -88,7 +93,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
       allowed = block_slice(mask, q_slice, k_slice)
       block_update = update if with_terms else _update
       running_max, running_sum, accumulator, weights = block_update(
-          query_BxHxLqxK[:, :, q_slice], key_BxHxLkxK[:, :, k_slice], value_BxHxLkxV[:, :, k_slice], term,
+          query_BxHxLqxK[:, :, q_slice], key_BxGxLkxK[:, :, k_slice], value_BxGxLkxV[:, :, k_slice], term,
           allowed, running_max, running_sum, accumulator)
       if values_term is not None and with_terms:
         extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
@@ -98,7 +103,10 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
     # exp(0) = 1 for its masked keys): it gets zeros. Any allowed key later sets the maximum, and the
     # correction exp(fill - maximum) = 0 clears what the masked blocks added before.
     seen_a_key = running_max > masked_fill_value(jnp.float32)
-    outputs.append(jnp.where(seen_a_key, accumulator / jnp.where(seen_a_key, running_sum, 1.0), 0.0))
+    output = accumulator / jnp.where(seen_a_key, running_sum, 1.0)
+    if value_offset_HxV is not None:
+      output = output + value_offset_HxV.astype(jnp.float32)[None, :, None, :]
+    outputs.append(jnp.where(seen_a_key, output, 0.0))
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
@@ -108,6 +116,7 @@ def _check_arguments(query, key, value, block_size, key_block_size, skip_future_
   """ValueError naming the argument for block sizes, causal skipping or a band that cannot apply."""
   chex.assert_rank([query, key, value], 4)
   chex.assert_equal_shape_prefix([key, value], 3)
+  chex.assert_equal_shape([query[:, :1, :1], key[:, :1, :1]])  # same batch and head width
   for name, size in (('attention_block_size', block_size), ('attention_key_block_size', key_block_size)):
     if size is not None and size <= 0:
       raise ValueError(f'{name}: got {size}; valid: a positive number of positions')
@@ -159,11 +168,11 @@ def _add_broadcast_term_backward(term_shape, gradient):
 add_broadcast_term.defvjp(_add_broadcast_term_forward, _add_broadcast_term_backward)
 
 
-def _online_softmax_update(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, allowed, running_max_BxHxbqx1,
+def _online_softmax_update(query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, allowed, running_max_BxHxbqx1,
                            running_sum_BxHxbqx1, accumulator_BxHxbqxV):
   """One key block folded into a query block's running (max, sum, output), all heads first (None
   before the first block); also the block's unnormalised weights, which only a values term needs."""
-  logits = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxbqxK, key_BxHxbkxK)  # the queries come scaled
+  logits = grouped_logits(query_BxHxbqxK, key_BxGxbkxK)  # the queries come scaled
   if term is not None:
     logits = add_broadcast_term(logits, term.astype(jnp.float32))
   if allowed is not None:
@@ -176,8 +185,7 @@ def _online_softmax_update(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, a
     new_max = jnp.maximum(running_max_BxHxbqx1, new_max)
   weights = jnp.exp(logits - new_max)  # masked keys: exp(fill - max) = 0 once the row has an allowed key
   block_sum = jnp.sum(weights, axis=-1, keepdims=True)
-  block_output = jnp.einsum('bhqs,bhsv->bhqv', weights.astype(value_BxHxbkxV.dtype),
-                            value_BxHxbkxV).astype(jnp.float32)
+  block_output = grouped_output(weights.astype(value_BxGxbkxV.dtype), value_BxGxbkxV).astype(jnp.float32)
   if running_max_BxHxbqx1 is None:
     return new_max, block_sum, block_output, weights
   correction = jnp.exp(running_max_BxHxbqx1 - new_max)

@@ -66,6 +66,8 @@ class ModelConfig:
   vocab_size: int = 256
   model_dim: int = 512
   num_heads: int = 8
+  num_kv_heads: int = 0              # key and value heads, a divisor of num_heads: grouped-query attention
+  #                                    (Ainslie et al. 2023), 1 multi-query; 0: num_heads (multi-head)
   feed_forward_dim: int = 2048
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
@@ -108,6 +110,8 @@ class ModelConfig:
       require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
     require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
              f'a divisor of model_dim={self.model_dim}')
+    require(self.num_kv_heads >= 0 and self.num_heads % max(self.num_kv_heads, 1) == 0, 'num_kv_heads',
+            self.num_kv_heads, f'a divisor of num_heads={self.num_heads} (or 0: num_heads, multi-head attention)')
     for name in ('dropout_rate', 'attention_dropout_rate'):
       require(0.0 <= getattr(self, name) < 1.0, name, getattr(self, name), 'a rate in [0, 1)')
     require(self.activation in ACTIVATION_NAMES, 'activation', self.activation, ', '.join(ACTIVATION_NAMES))
@@ -134,6 +138,11 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.model_dim // self.num_heads
+
+  @property
+  def key_value_heads(self) -> int:
+    """G, the key and value heads (num_kv_heads, or num_heads where it is 0)."""
+    return self.num_kv_heads or self.num_heads
 
   def replace(self, **changes) -> 'ModelConfig':
     return dataclasses.replace(self, **changes)

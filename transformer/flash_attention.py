@@ -9,7 +9,9 @@ block by block: bq queries at a time, looping over blocks of bk keys with an onl
 B x H x Lq x Lk. The term t_h is a KernelTerm: a function of one head's few parameters and the
 positions of the block's queries and keys, evaluated inside the kernel (the idea of PyTorch's
 FlexAttention score_mod); it may also read one number per (batch, head, token) of the queries and of
-the keys (FoX's cumulative log forget gates c_i and c_j), differentiably. Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each
+the keys (FoX's cumulative log forget gates c_i and c_j), differentiably. With grouped-query attention (G key and value heads for H query heads) query head h reads
+key and value head h // (H / G) through the blocks' index maps, never a repeated copy; the key and value
+gradients are formed per query head and summed over each group. Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each
 row's log-sum-exp; one kernel per key block accumulates dK, dV and the term's parameter gradient
 (the vjp of the term on each block, traced inside the kernel) and the keys' data gradient, one per query
 block accumulates dQ and the queries' data gradient.
@@ -27,6 +29,8 @@ import chex
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from transformer.attention import check_groups
 
 PLATFORMS = ('interpret', 'gpu', 'tpu')
 MASKED = -1e30  # a finite logit for masked keys: the running maximum stays finite, so no inf - inf
@@ -75,6 +79,7 @@ class _Static:
   num_parameters: int
   platform: str
   uses_data: bool = False      # the term reads the queries' and keys' data
+  group: int = 1               # query heads per key and value head (H / G)
 
 
 def _parameters(params_ref, static: _Static):
@@ -259,13 +264,18 @@ def _call(kernel, static: _Static, grid, in_specs, out_specs, out_shape):
                         compiler_params=_compiler_params(static.platform, ('parallel',) * 3))
 
 
-def _whole(length: int, width: int):
-  """The whole L x width slab of one (batch, head)."""
-  return pl.BlockSpec((None, None, length, width), lambda b, h, i: (b, h, 0, 0))
+def _head(h, group: int):
+  """The key and value head that query head h reads: h // group (truncating division, which Mosaic lowers)."""
+  return h if group == 1 else jax.lax.div(h, group)
 
 
-def _rows(block: int, width: int):
-  return pl.BlockSpec((None, None, block, width), lambda b, h, i: (b, h, i, 0))
+def _whole(length: int, width: int, group: int = 1):
+  """The whole L x width slab of one (batch, head); group > 1: of the key and value head of query head h."""
+  return pl.BlockSpec((None, None, length, width), lambda b, h, i: (b, _head(h, group), 0, 0))
+
+
+def _rows(block: int, width: int, group: int = 1):
+  return pl.BlockSpec((None, None, block, width), lambda b, h, i: (b, _head(h, group), i, 0))
 
 
 def _key_columns(block: int):
@@ -279,8 +289,8 @@ def _inputs_specs(static: _Static, length_q: int, length_k: int, head_dim: int, 
   parameters, and the queries' and keys' data: one block of the axis the grid walks (by='query' or 'key'), the
   whole of the other."""
   q_rows = _rows(static.block_q, head_dim) if by == 'query' else _whole(length_q, head_dim)
-  k_rows = _rows(static.block_k, head_dim) if by == 'key' else _whole(length_k, head_dim)
-  v_rows = _rows(static.block_k, value_dim) if by == 'key' else _whole(length_k, value_dim)
+  k_rows = _rows(static.block_k, head_dim, static.group) if by == 'key' else _whole(length_k, head_dim, static.group)
+  v_rows = _rows(static.block_k, value_dim, static.group) if by == 'key' else _whole(length_k, value_dim, static.group)
   if by == 'query':
     q_positions = pl.BlockSpec((None, static.block_q, 1), lambda b, h, i: (b, i, 0))
     k_line = pl.BlockSpec((None, 1, length_k), lambda b, h, i: (b, 0, 0))
@@ -336,7 +346,8 @@ def _flash_backward(static: _Static, residuals, d_out):
       [_rows(static.block_k, head_dim), _rows(static.block_k, value_dim),
        pl.BlockSpec((None, None, None, 1, num_parameters), lambda b, h, i: (b, h, i, 0, 0)),
        _key_columns(static.block_k)],
-      [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+      [jax.ShapeDtypeStruct((batch, heads, length_k, head_dim), jnp.float32),
+       jax.ShapeDtypeStruct((batch, heads, length_k, value_dim), jnp.float32),
        jax.ShapeDtypeStruct((batch, heads, num_key_blocks, 1, num_parameters), jnp.float32),
        jax.ShapeDtypeStruct(k_data.shape, jnp.float32)])
   inputs = (q, k, v, d_out, logsumexp, delta, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data)
@@ -352,6 +363,9 @@ def _flash_backward(static: _Static, residuals, d_out):
       [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q_data.shape, jnp.float32)])
   d_q, d_q_data = queries(*inputs)
   d_params_Hx1xA = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
+  groups = k.shape[1]  # each key and value head's gradient: the sum over the query heads of its group
+  d_k = jnp.sum(d_k.reshape(batch, groups, static.group, length_k, head_dim), axis=2).astype(k.dtype)
+  d_v = jnp.sum(d_v.reshape(batch, groups, static.group, length_k, value_dim), axis=2).astype(v.dtype)
   return (d_q, d_k, d_v, jnp.zeros_like(q_positions), jnp.zeros_like(q_segments), jnp.zeros_like(k_positions),
           jnp.zeros_like(k_segments), d_params_Hx1xA, d_q_data.astype(q_data.dtype), d_k_data.astype(k_data.dtype))
 
@@ -384,7 +398,8 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
                     q_segments_BxLq: Optional[chex.Array] = None, k_segments_BxLk: Optional[chex.Array] = None,
                     term: Optional[KernelTerm] = None, scale: Optional[float] = None, block_q: int = 128,
                     block_k: int = 128, platform: str = 'interpret') -> chex.Array:
-  """softmax(Q K^T scale + t(positions)) V in blocks, B x Lq x H x V (the layout of the other cores).
+  """softmax(Q K^T scale + t(positions)) V in blocks, B x Lq x H x V (the layout of the other cores); keys and
+  values B x Lk x G x K with G dividing H, query head h reading head h // (H / G).
 
   causal: query i sees keys j <= i + Lk - Lq. key_valid_BxLk: True for real keys (padding False).
   Positions default to 0..L-1 (B may be 1). Segments (non-negative document ids, given together; None:
@@ -397,7 +412,8 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
   chex.assert_equal_shape_prefix([key_BxLkxHxK, value_BxLkxHxV], 3)
   batch, length_q, heads, head_dim = query_BxLqxHxK.shape
   length_k, value_dim = key_BxLkxHxK.shape[1], value_BxLkxHxV.shape[3]
-  chex.assert_shape(key_BxLkxHxK, (batch, length_k, heads, head_dim))
+  chex.assert_shape(key_BxLkxHxK, (batch, length_k, None, head_dim))
+  group = check_groups(heads, key_BxLkxHxK.shape[2])
   scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
   block_q, block_k = _block_sizes(platform, block_q, block_k, length_q, length_k)
   padded_q = -(-length_q // block_q) * block_q
@@ -433,7 +449,7 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
     chex.assert_shape(given, (batch, heads, length))
     return _pad_to(given.astype(jnp.float32), 2, padded)
   static = _Static(block_q, block_k, causal, length_k - length_q, scale, None if term is None else term.function,
-                   params_Hx1xA.shape[-1], platform, uses_data)
+                   params_Hx1xA.shape[-1], platform, uses_data, group)
   out_BxHxLqxV = _flash(static, heads_first(query_BxLqxHxK, padded_q, width),
                         heads_first(key_BxLkxHxK, padded_k, width), heads_first(value_BxLkxHxV, padded_k, value_width),
                         positions(q_positions_BxLq, length_q, padded_q)[:, :, None],

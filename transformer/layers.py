@@ -15,6 +15,7 @@ import jax.numpy as jnp
 # Logical names of parameter axes: what an axis means, never where it lives. Experiments map them to the
 # axes of a device mesh (experiments/runs/sharding.py); an axis without a name is never split.
 EMBED, HEADS, MLP, VOCAB = 'embed', 'heads', 'mlp', 'vocab'
+KV_HEADS = 'kv_heads'  # the key and value projections' heads (fewer than the queries' with grouped-query attention)
 BATCH = 'batch'  # the examples axis of activations
 
 

@@ -10,14 +10,18 @@ import jax
 import jax.numpy as jnp
 
 from transformer import attention_core
-from transformer.attention import merge_heads, split_heads
+from transformer.attention import check_groups, merge_heads, split_heads
 from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
-from transformer.layers import EMBED, HEADS, Dense, linear, parameter
+from transformer.layers import EMBED, HEADS, KV_HEADS, Dense, linear, parameter
 from transformer.positions.ssmax import keys_seen, scalable_query
 
 
 class MultiHeadAttention(nn.Module):
-  """MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_h = Attention(Q W^Q_h, K W^K_h, V W^V_h).
+  """MultiHead(Q, K, V) = Concat(head_1..head_H) W^O, head_h = Attention(Q W^Q_h, K W^K_g, V W^V_g), g = h // (H / G).
+
+  With num_kv_heads = G < H key and value heads (grouped-query attention, Ainslie et al. 2023; G = 1 is
+  multi-query attention, Shazeer 2019) the key and value projections are G heads wide, the cache holds G
+  heads, and every core reads each key and value head once for its group of H / G query heads.
 
   The variant's hooks (positions.hooks) enter at fixed points and never by name: read the layer's input
   (from_inputs), rotate the projected queries and keys, set the scale, and with the setting ssmax scale
@@ -28,6 +32,7 @@ class MultiHeadAttention(nn.Module):
   sown as 'intermediates/attention_weights'.
   """
   num_heads: int
+  num_kv_heads: int = 0     # key and value heads G, a divisor of num_heads (0: num_heads, multi-head)
   dropout_rate: float = 0.0
   block_size: int = 0       # queries per block in the blockwise core (0: none)
   key_block_size: int = 0   # keys per block there (0: every key a query block sees)
@@ -54,6 +59,7 @@ class MultiHeadAttention(nn.Module):
     width = inputs_q_BxLqxD.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
+    check_groups(self.num_heads, self.key_value_heads)
     if not isinstance(mask, AttentionMask):
       mask = AttentionMask(mask)
     is_self_attention = inputs_q_BxLqxD is inputs_kv_BxLkxD
@@ -79,23 +85,30 @@ class MultiHeadAttention(nn.Module):
       self.sow('intermediates', 'attention_weights', result.weights_BxHxLqxLk)
     return Dense(width, use_bias=self.out_bias, name='out', axes=(HEADS, EMBED))(merge_heads(result.output_BxLqxHxV))
 
+  @property
+  def key_value_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
   def _project(self, inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention: bool, reads_memory_cache: bool):
-    """Queries, keys and values, B x L x H x K each; keys and values None when they come from the cache
-    (cross-attention's memory, projected by the first call)."""
+    """Queries B x Lq x H x K, keys and values B x Lk x G x K; keys and values None when they come from the
+    cache (cross-attention's memory, projected by the first call)."""
     width = inputs_q_BxLqxD.shape[-1]
-    projections = [Dense(width, use_bias=self.qkv_bias, name=name, axes=(EMBED, HEADS))
-                   for name in ('query', 'key', 'value')]
-    if is_self_attention:  # one matmul of width 3D instead of three
+    key_value_width = width // self.num_heads * self.key_value_heads
+    projections = [Dense(width, use_bias=self.qkv_bias, name='query', axes=(EMBED, HEADS))] + [
+        Dense(key_value_width, use_bias=self.qkv_bias, name=name, axes=(EMBED, KV_HEADS)) for name in ('key', 'value')]
+    if is_self_attention:  # one matmul of width D + 2 G K instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype
-      qkv_BxLx3D = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
-                          jnp.concatenate(biases).astype(dtype) if self.qkv_bias else None)
-      return tuple(split_heads(part, self.num_heads) for part in jnp.split(qkv_BxLx3D, 3, axis=-1))
+      qkv_BxLxW = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
+                         jnp.concatenate(biases).astype(dtype) if self.qkv_bias else None)
+      query, key, value = jnp.split(qkv_BxLxW, [width, width + key_value_width], axis=-1)
+      return (split_heads(query, self.num_heads), split_heads(key, self.key_value_heads),
+              split_heads(value, self.key_value_heads))
     query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
     if reads_memory_cache:
       return query, None, None
-    return (query, split_heads(projections[1](inputs_kv_BxLkxD), self.num_heads),
-            split_heads(projections[2](inputs_kv_BxLkxD), self.num_heads))
+    return (query, split_heads(projections[1](inputs_kv_BxLkxD), self.key_value_heads),
+            split_heads(projections[2](inputs_kv_BxLkxD), self.key_value_heads))
 
   @staticmethod
   def _rotate_and_scale(query, key, positions: AttentionPositions, cached_step: bool):
@@ -121,7 +134,7 @@ class MultiHeadAttention(nn.Module):
     return scalable_query(query_BxLqxHxK, scale_H, keys_seen(seen, batch, length_q, key_length))
 
   def _cached_keys_values(self, key, value, cache_index, is_self_attention):
-    """The cache's keys and values, B x capacity x H x K, after writing this call's at cache_index."""
+    """The cache's keys and values, B x capacity x G x K, after writing this call's at cache_index."""
     cached_key = self.variable('cache', 'cached_key', lambda: key)
     cached_value = self.variable('cache', 'cached_value', lambda: value)
     if cache_index is not None and is_self_attention:

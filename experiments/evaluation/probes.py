@@ -129,7 +129,8 @@ def decoding_bytes_at_least(config, batch: int, capacity: int) -> int:
   positions of `batch` prompts, in the compute dtype (the prompt's activations, logits and attention come on
   top)."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  return config.num_decoder_layers * 2 * batch * capacity * config.model_dim * jnp.dtype(config.compute_dtype).itemsize
+  key_value_width = config.key_value_heads * config.head_dim
+  return config.num_decoder_layers * 2 * batch * capacity * key_value_width * jnp.dtype(config.compute_dtype).itemsize
 
 
 def _refuse_lengths_the_run_cannot_take(request: ProbeRequest, config, codec: Codec, stream_tokens: int) -> None:

@@ -1,6 +1,6 @@
 """Parameters split over a device mesh (parallel.mode=mesh).
 
-The library names what each parameter axis means ('embed', 'heads', 'mlp', 'vocab': transformer/layers.py,
+The library names what each parameter axis means ('embed', 'heads', 'kv_heads', 'mlp', 'vocab': transformer/layers.py,
 declared where the parameter is created). config.parallel.rules says over which mesh axis ('fsdp' or
 'tensor') each name is split; an unnamed axis, or one whose rule is '', is whole on every device. With
 fsdp = N, every matrix is split along its model-width axis over N devices (ZeRO-3 / FSDP: XLA gathers a
@@ -93,8 +93,8 @@ def plan(experiment, model, task, state, device_count: int) -> tuple:
 
 def estimated_activation_bytes(experiment, mesh: dict) -> int:
   """What one device keeps for the backward pass of one microbatch, roughly: per layer the norms' inputs,
-  queries, keys, values, the attention output and the residuals (9 D), the feed-forward hidden units before
-  and after the activation (2 F), and the attention weights (H L, an upper bound: blockwise and fused cores
+  queries, the attention output and the residuals (7 D), keys and values (2 G K), the feed-forward hidden units
+  before and after the activation (2 F; 3 F gated), and the attention weights (H L, an upper bound: blockwise and fused cores
   keep less); with model.remat=block, each layer's input (D) and one layer's full set; with matmuls, the
   matmuls' outputs too (4 D + F); plus float32 logits and
   their gradient (2 V). Counted in the compute dtype over b = batch / (data x fsdp x accumulation) examples
@@ -103,7 +103,9 @@ def estimated_activation_bytes(experiment, mesh: dict) -> int:
   examples = train.batch_size // (mesh['data'] * mesh['fsdp'] * train.gradient_accumulation)
   length = experiment.task.max_length + 1
   width, hidden, heads, tensor = model.model_dim, model.feed_forward_dim, model.num_heads, mesh['tensor']
-  per_layer = length * (9 * width + (2 * hidden + heads * length) // tensor)
+  keys_values = 2 * model.key_value_heads * model.head_dim
+  units = (3 if model.activation in transformer.layers.GATED_ACTIVATIONS else 2) * hidden
+  per_layer = length * (7 * width + keys_values + (units + heads * length) // tensor)
   kind = experiment.task.model_kind
   layers = (model.num_encoder_layers if kind != 'decoder_only' else 0) + (
       model.num_decoder_layers if kind != 'encoder_only' else 0)

@@ -147,6 +147,12 @@ class LayerPositions(nn.Module):
   causal: bool
   has_cls: bool = False
   layer_index: int = 0  # which self-attention layer of its stack (0 first): a pattern by layer reads it
+  num_kv_heads: int = 0  # the attention's key and value heads G (0: num_heads); query head h reads h // (H / G)
+
+  @property
+  def key_value_heads(self) -> int:
+    """G: the key and value heads that rotate() and logits() receive (the queries have num_heads)."""
+    return self.num_kv_heads or self.num_heads
 
   def from_inputs(self, inputs_BxLqxD: chex.Array, shared: Shared, use_cache: bool = False,
                   cache_index: Optional[chex.Array] = None) -> Shared:
@@ -160,7 +166,8 @@ class LayerPositions(nn.Module):
     return shared
 
   def rotate(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, sequence_length=None):
-    """Queries and keys as the variant rotates or scales them. sequence_length: AttentionPositions'."""
+    """Queries and keys as the variant rotates or scales them. sequence_length: AttentionPositions'. The keys
+    (here and in logits) have key_value_heads heads, fewer than the queries' with grouped-query attention."""
     del q_positions_BxLq, k_positions_BxLk, sequence_length
     return query_BxLqxHxK, key_BxLkxHxK
 

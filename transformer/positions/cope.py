@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.attention import grouped_logits_heads_last
 from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
 
@@ -37,10 +38,10 @@ class CopeSettings(Settings):
     require(self.max_positions >= 1, 'position.max_positions', self.max_positions, 'a positive integer')
 
 
-def contextual_positions(query_BxLqxHxK, key_BxLkxHxK, allowed_BxLqxLk, scale: float, max_positions: int):
-  """p_ij = min(sum over the allowed keys t >= j of sigmoid(q_i . k_t * scale), P - 1): B x H x Lq x Lk."""
-  content_BxHxLqxLk = jnp.einsum('bqhk,bshk->bhqs', query_BxLqxHxK.astype(jnp.float32),
-                                 key_BxLkxHxK.astype(jnp.float32)) * scale
+def contextual_positions(query_BxLqxHxK, key_BxLkxGxK, allowed_BxLqxLk, scale: float, max_positions: int):
+  """p_ij = min(sum over the allowed keys t >= j of sigmoid(q_i . k_t * scale), P - 1): B x H x Lq x Lk (query
+  head h with key head h // (H / G))."""
+  content_BxHxLqxLk = grouped_logits_heads_last(query_BxLqxHxK, key_BxLkxGxK) * scale
   gates = jnp.where(allowed_BxLqxLk[:, None], jax.nn.sigmoid(content_BxHxLqxLk), 0.0)
   from_key_to_end = jnp.flip(jnp.cumsum(jnp.flip(gates, axis=-1), axis=-1), axis=-1)
   return jnp.minimum(from_key_to_end, max_positions - 1)

@@ -209,29 +209,30 @@ def dynamic_factor(q_positions_BxLq: chex.Array, original_length: int) -> chex.A
   return jnp.maximum(1.0, (q_positions_BxLq.astype(jnp.float32) + 1.0) / original_length)
 
 
-def dynamic_ntk_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, q_positions_BxLq: chex.Array,
+def dynamic_ntk_logits(query_BxLqxHxK: chex.Array, key_BxLkxGxK: chex.Array, q_positions_BxLq: chex.Array,
                        k_positions_BxLk: chex.Array, theta_P: chex.Array, original_length: int,
                        scale: float) -> chex.Array:
   """scale (q_i^T R((pos_j - pos_i) theta(s_i)) k_j - q_i . k_j), B x H x Lq x Lk, for unrotated q and k:
   added to the plain logits q.k scale, the logits of dynamic NTK with query i's own factor s_i
   (ntk_frequencies). Per pair, with w = (q_e k_e + q_o k_o) + i (q_o k_e - q_e k_o), the rotated product is
-  Re(w e^(i (pos_i - pos_j) theta)). Blockwise attention computes it a block of queries at a time."""
-  chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK], 4)
+  Re(w e^(i (pos_i - pos_j) theta)). Blockwise attention computes it a block of queries at a time. Query head h
+  reads key head h // (H / G): the query heads of a group are one axis against their key head's pairs."""
+  chex.assert_rank([query_BxLqxHxK, key_BxLkxGxK], 4)
   theta_BxLqxP = ntk_frequencies(theta_P, dynamic_factor(q_positions_BxLq, original_length)[..., None])
   distance_BxLqxLk = (q_positions_BxLq[:, :, None] - k_positions_BxLk[:, None, :]).astype(jnp.float32)
-  angle_Bx1xLqxLkxP = (distance_BxLqxLk[..., None] * theta_BxLqxP[:, :, None, :])[:, None]
-  head_dim = query_BxLqxHxK.shape[-1]
+  angle_Bx1x1xLqxLkxP = (distance_BxLqxLk[..., None] * theta_BxLqxP[:, :, None, :])[:, None, None]
+  batch, length_q, heads, head_dim = query_BxLqxHxK.shape
+  length_k, groups = key_BxLkxGxK.shape[1], key_BxLkxGxK.shape[2]
 
-  def pairs_BxHxLxP(x_BxLxHxK):
-    pairs = jnp.transpose(x_BxLxHxK.astype(jnp.float32), (0, 2, 1, 3)).reshape(
-        x_BxLxHxK.shape[0], x_BxLxHxK.shape[2], x_BxLxHxK.shape[1], head_dim // 2, 2)
-    return pairs[..., 0], pairs[..., 1]
+  def pairs(x_BxLxGxK, group_size):  # B x G x group_size x L x P, even and odd features
+    rows = jnp.transpose(x_BxLxGxK.astype(jnp.float32), (0, 2, 1, 3)).reshape(
+        batch, groups, group_size, x_BxLxGxK.shape[1], head_dim // 2, 2)
+    return rows[..., 0], rows[..., 1]
 
-  (q_even, q_odd), (k_even, k_odd) = pairs_BxHxLxP(query_BxLqxHxK), pairs_BxHxLxP(key_BxLkxHxK)
-  real = q_even[:, :, :, None] * k_even[:, :, None] + q_odd[:, :, :, None] * k_odd[:, :, None]
-  imaginary = q_odd[:, :, :, None] * k_even[:, :, None] - q_even[:, :, :, None] * k_odd[:, :, None]
-  rotated = real * jnp.cos(angle_Bx1xLqxLkxP) - imaginary * jnp.sin(angle_Bx1xLqxLkxP)
-  term_BxHxLqxLk = scale * jnp.sum(rotated - real, axis=-1)
-  chex.assert_shape(term_BxHxLqxLk, (query_BxLqxHxK.shape[0], query_BxLqxHxK.shape[2], query_BxLqxHxK.shape[1],
-                                     key_BxLkxHxK.shape[1]))
+  (q_even, q_odd), (k_even, k_odd) = pairs(query_BxLqxHxK, heads // groups), pairs(key_BxLkxGxK, 1)
+  q_even, q_odd, k_even, k_odd = q_even[..., None, :], q_odd[..., None, :], k_even[..., None, :, :], k_odd[..., None, :, :]
+  real = q_even * k_even + q_odd * k_odd
+  imaginary = q_odd * k_even - q_even * k_odd
+  rotated = real * jnp.cos(angle_Bx1x1xLqxLkxP) - imaginary * jnp.sin(angle_Bx1x1xLqxLkxP)
+  term_BxHxLqxLk = scale * jnp.sum(rotated - real, axis=-1).reshape(batch, heads, length_q, length_k)
   return term_BxHxLqxLk

@@ -5,7 +5,8 @@ Between a key and a query the positions are the data-dependent reflections of th
 
   e_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d),   H_s = I - beta_s w_s w_s^T,
 
-per head, w_s = the unit vector of W_w x_s (W_w of rank 32, as flash-linear-attention's layer has it) and
+per key head (with grouped-query attention the query heads of a group share their key head's reflections, as
+flash-linear-attention's layer has it), w_s = the unit vector of W_w x_s (W_w of rank 32, as flash-linear-attention's layer has it) and
 beta_s = 2 sigmoid(u . x_s + b) in (0, 2) (so H_s may flip a direction), from the layer's input x_s. A
 direct product costs O(L^2 d^2) per head (L^2 matrices); here the query is carried backwards over the
 keys instead, v_i <- H_s v_i once key s is read, which costs O(L^2 d). The keys go in chunks of 64, each
@@ -28,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.attention import check_groups, grouped_logits_heads_last
 from transformer.layers import parameter
 from transformer.positions.base import LayerPositions, StackPositions, Variant
 
@@ -87,9 +89,9 @@ def chunk_transform_columns(w_BxHxKxLk: chex.Array, beta_BxHxLk: chex.Array, chu
   return jnp.moveaxis(transform_BxHxNxCxC, 2, 3).reshape(batch, heads, chunk_size, -1)[..., :length]
 
 
-def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxHxKxLk: chex.Array,
-                     beta_BxHxLk: chex.Array, query_index_BxLq: chex.Array, key_index_BxLk: chex.Array,
-                     chunk_size: int = CHUNK_SIZE, transform_BxHxCxLk: Optional[chex.Array] = None) -> chex.Array:
+def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxGxK: chex.Array, w_BxGxKxLk: chex.Array,
+                     beta_BxGxLk: chex.Array, query_index_BxLq: chex.Array, key_index_BxLk: chex.Array,
+                     chunk_size: int = CHUNK_SIZE, transform_BxGxCxLk: Optional[chex.Array] = None) -> chex.Array:
   """q_i^T H_i ... H_{j+1} k_j for every query i and key j (unscaled): B x H x Lq x Lk. The keys are
   consecutive tokens, the last at or after every query's; key j's own reflection H_j (w, beta at column j)
   applies to the queries at index >= the key's. Later keys' logits (j > i) are computed but meaningless:
@@ -103,46 +105,50 @@ def reflected_logits(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, w_BxH
   it), and then v_i <- v_i - sum_s r_is w_s (the chunk's reflections up to the query, all of them for a
   query after it). O(Lq Lk (d + C)) per head in Lk / C sequential steps of matrix products. transform: the
   keys' chunk_transform_columns where the caller has them (a layer's query blocks share them); its C is then
-  the chunk size."""
-  chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, w_BxHxKxLk, beta_BxHxLk], [4, 4, 4, 3])
-  batch, length_k = key_BxLkxHxK.shape[0], key_BxLkxHxK.shape[1]
-  if transform_BxHxCxLk is None:
-    transform_BxHxCxLk = chunk_transform_columns(w_BxHxKxLk, beta_BxHxLk, min(chunk_size, length_k))
-  chex.assert_axis_dimension(transform_BxHxCxLk, 3, length_k)
-  chunk = transform_BxHxCxLk.shape[2]
-  query_BxHxLqxK = jnp.transpose(query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32)
+  the chunk size. Keys, w, beta and T have G heads: the H / G query heads of a group go in as one block of
+  rows against their key head's chunks."""
+  chex.assert_rank([query_BxLqxHxK, key_BxLkxGxK, w_BxGxKxLk, beta_BxGxLk], [4, 4, 4, 3])
+  batch, length_q, heads, width = query_BxLqxHxK.shape
+  length_k, groups = key_BxLkxGxK.shape[1], key_BxLkxGxK.shape[2]
+  group_size = check_groups(heads, groups)
+  if transform_BxGxCxLk is None:
+    transform_BxGxCxLk = chunk_transform_columns(w_BxGxKxLk, beta_BxGxLk, min(chunk_size, length_k))
+  chex.assert_axis_dimension(transform_BxGxCxLk, 3, length_k)
+  chunk = transform_BxGxCxLk.shape[2]
+  rows_BxGxNxK = jnp.transpose(query_BxLqxHxK, (0, 2, 1, 3)).astype(jnp.float32).reshape(
+      batch, groups, group_size * length_q, width)
+  row_index_BxN = jnp.tile(jnp.broadcast_to(query_index_BxLq, (batch, length_q)), (1, group_size))
   key_index_BxLk = jnp.broadcast_to(key_index_BxLk, (batch, length_k))
 
   # The last chunk is filled out with keys that no query reaches (their index above every query's), whose w
   # and T are 0; their logits are dropped.
   padding = -length_k % chunk
   pad_keys = [(0, 0), (0, 0), (0, padding), (0, 0)]
-  key_BxHxLkxK = jnp.pad(jnp.transpose(key_BxLkxHxK, (0, 2, 1, 3)).astype(jnp.float32), pad_keys)
-  w_BxHxLkxK = jnp.pad(jnp.transpose(w_BxHxKxLk, (0, 1, 3, 2)).astype(jnp.float32), pad_keys)
-  transform_BxHxCxLk = jnp.pad(transform_BxHxCxLk.astype(jnp.float32), [(0, 0), (0, 0), (0, 0), (0, padding)])
+  key_BxGxLkxK = jnp.pad(jnp.transpose(key_BxLkxGxK, (0, 2, 1, 3)).astype(jnp.float32), pad_keys)
+  w_BxGxLkxK = jnp.pad(jnp.transpose(w_BxGxKxLk, (0, 1, 3, 2)).astype(jnp.float32), pad_keys)
+  transform_BxGxCxLk = jnp.pad(transform_BxGxCxLk.astype(jnp.float32), [(0, 0), (0, 0), (0, 0), (0, padding)])
   key_index_BxLk = jnp.pad(key_index_BxLk, [(0, 0), (0, padding)], constant_values=jnp.iinfo(key_index_BxLk.dtype).max)
-  heads, num_chunks = query_BxHxLqxK.shape[1], (length_k + padding) // chunk
-  key_BxHxNxCxK, w_BxHxNxCxK = (x.reshape(batch, heads, num_chunks, chunk, -1) for x in (key_BxHxLkxK, w_BxHxLkxK))
-  transform_BxHxNxCxC = jnp.moveaxis(transform_BxHxCxLk.reshape(batch, heads, chunk, num_chunks, chunk), 3, 2)
+  num_chunks = (length_k + padding) // chunk
+  key_BxGxNxCxK, w_BxGxNxCxK = (x.reshape(batch, groups, num_chunks, chunk, -1) for x in (key_BxGxLkxK, w_BxGxLkxK))
+  transform_BxGxNxCxC = jnp.moveaxis(transform_BxGxCxLk.reshape(batch, groups, chunk, num_chunks, chunk), 3, 2)
   later_CxC = jnp.arange(chunk)[None, :] > jnp.arange(chunk)[:, None]  # [s > j] at (j, s)
-  along_key_BxHxNxCxC = jnp.einsum('bhnjk,bhnsk->bhnjs', key_BxHxNxCxK, w_BxHxNxCxK) * later_CxC
-  chunks = tuple(jnp.moveaxis(x, 2, 0) for x in (key_BxHxNxCxK, w_BxHxNxCxK, transform_BxHxNxCxC, along_key_BxHxNxCxC))
+  along_key_BxGxNxCxC = jnp.einsum('bhnjk,bhnsk->bhnjs', key_BxGxNxCxK, w_BxGxNxCxK) * later_CxC
+  chunks = tuple(jnp.moveaxis(x, 2, 0) for x in (key_BxGxNxCxK, w_BxGxNxCxK, transform_BxGxNxCxC, along_key_BxGxNxCxC))
   key_index_NxBxC = jnp.moveaxis(key_index_BxLk.reshape(batch, num_chunks, chunk), 1, 0)
 
-  def step(carried_BxHxLqxK, one_chunk):
-    key_BxHxCxK, w_BxHxCxK, transform_BxHxCxC, along_key_BxHxCxC, key_index_BxC = one_chunk
-    reached_Bx1xLqxC = key_index_BxC[:, None, None, :] <= query_index_BxLq[:, None, :, None]
-    along_query_BxHxLqxC = jnp.einsum('bhqk,bhtk->bhqt', carried_BxHxLqxK, w_BxHxCxK) * reached_Bx1xLqxC
-    weights_BxHxLqxC = jnp.einsum('bhqt,bhst->bhqs', along_query_BxHxLqxC, transform_BxHxCxC)
-    logits_BxHxLqxC = (jnp.einsum('bhqk,bhjk->bhqj', carried_BxHxLqxK, key_BxHxCxK)
-                       - jnp.einsum('bhqs,bhjs->bhqj', weights_BxHxLqxC, along_key_BxHxCxC))
-    carried_BxHxLqxK = carried_BxHxLqxK - jnp.einsum('bhqs,bhsk->bhqk', weights_BxHxLqxC, w_BxHxCxK)
-    return carried_BxHxLqxK, logits_BxHxLqxC
+  def step(carried_BxGxNxK, one_chunk):  # N: the group's query heads' rows, Lq of each
+    key_BxGxCxK, w_BxGxCxK, transform_BxGxCxC, along_key_BxGxCxC, key_index_BxC = one_chunk
+    reached_Bx1xNxC = key_index_BxC[:, None, None, :] <= row_index_BxN[:, None, :, None]
+    along_query_BxGxNxC = jnp.einsum('bhqk,bhtk->bhqt', carried_BxGxNxK, w_BxGxCxK) * reached_Bx1xNxC
+    weights_BxGxNxC = jnp.einsum('bhqt,bhst->bhqs', along_query_BxGxNxC, transform_BxGxCxC)
+    logits_BxGxNxC = (jnp.einsum('bhqk,bhjk->bhqj', carried_BxGxNxK, key_BxGxCxK)
+                      - jnp.einsum('bhqs,bhjs->bhqj', weights_BxGxNxC, along_key_BxGxCxC))
+    carried_BxGxNxK = carried_BxGxNxK - jnp.einsum('bhqs,bhsk->bhqk', weights_BxGxNxC, w_BxGxCxK)
+    return carried_BxGxNxK, logits_BxGxNxC
 
-  _, logits_NxBxHxLqxC = jax.lax.scan(
-      step, query_BxHxLqxK, (*chunks, key_index_NxBxC), reverse=True)
-  logits_BxHxLqxLk = jnp.moveaxis(logits_NxBxHxLqxC, 0, 3).reshape(*logits_NxBxHxLqxC.shape[1:4], -1)
-  return logits_BxHxLqxLk[..., :length_k]
+  _, logits_NxBxGxNxC = jax.lax.scan(step, rows_BxGxNxK, (*chunks, key_index_NxBxC), reverse=True)
+  logits_BxGxNxLk = jnp.moveaxis(logits_NxBxGxNxC, 0, 3).reshape(*logits_NxBxGxNxC.shape[1:4], -1)
+  return logits_BxGxNxLk[..., :length_k].reshape(batch, heads, length_q, length_k)
 
 
 class PathLayer(LayerPositions):
@@ -153,41 +159,41 @@ class PathLayer(LayerPositions):
     batch, length_q, width = inputs_BxLqxD.shape
     x = inputs_BxLqxD.astype(jnp.float32)
     down = parameter(self, 'w_down', nn.initializers.xavier_uniform(), (width, LOW_RANK))
-    up = parameter(self, 'w_up', nn.initializers.xavier_uniform(), (LOW_RANK, self.num_heads * self.head_dim))
-    beta_kernel = parameter(self, 'beta_kernel', nn.initializers.xavier_uniform(), (width, self.num_heads))
-    beta_bias = parameter(self, 'beta_bias', nn.initializers.zeros, (self.num_heads,))
-    w_BxLqxHxK = ((x @ down) @ up).reshape(batch, length_q, self.num_heads, self.head_dim)
-    w_BxLqxHxK = w_BxLqxHxK * jax.lax.rsqrt(jnp.sum(w_BxLqxHxK ** 2, axis=-1, keepdims=True) + 1e-12)
-    beta_BxLqxH = 2.0 * jax.nn.sigmoid(x @ beta_kernel + beta_bias)
+    groups = self.key_value_heads
+    up = parameter(self, 'w_up', nn.initializers.xavier_uniform(), (LOW_RANK, groups * self.head_dim))
+    beta_kernel = parameter(self, 'beta_kernel', nn.initializers.xavier_uniform(), (width, groups))
+    beta_bias = parameter(self, 'beta_bias', nn.initializers.zeros, (groups,))
+    w_BxLqxGxK = ((x @ down) @ up).reshape(batch, length_q, groups, self.head_dim)
+    w_BxLqxGxK = w_BxLqxGxK * jax.lax.rsqrt(jnp.sum(w_BxLqxGxK ** 2, axis=-1, keepdims=True) + 1e-12)
+    beta_BxLqxG = 2.0 * jax.nn.sigmoid(x @ beta_kernel + beta_bias)
     query_index_BxLq = jnp.broadcast_to(jnp.arange(length_q)[None], (batch, length_q))
     if use_cache:  # the first call sees the whole capacity; later ones write their tokens at cache_index
-      cached_w = self.variable('cache', 'reflection_w', lambda: w_BxLqxHxK)
-      cached_beta = self.variable('cache', 'reflection_beta', lambda: beta_BxLqxH)
+      cached_w = self.variable('cache', 'reflection_w', lambda: w_BxLqxGxK)
+      cached_beta = self.variable('cache', 'reflection_beta', lambda: beta_BxLqxG)
       if cache_index is not None:
-        cached_w.value = jax.lax.dynamic_update_slice(cached_w.value, w_BxLqxHxK, (0, cache_index, 0, 0))
-        cached_beta.value = jax.lax.dynamic_update_slice(cached_beta.value, beta_BxLqxH, (0, cache_index, 0))
+        cached_w.value = jax.lax.dynamic_update_slice(cached_w.value, w_BxLqxGxK, (0, cache_index, 0, 0))
+        cached_beta.value = jax.lax.dynamic_update_slice(cached_beta.value, beta_BxLqxG, (0, cache_index, 0))
         capacity = cached_w.value.shape[1]
         return self._keys_and_queries(cached_w.value, cached_beta.value, query_index_BxLq + cache_index,
                                       jnp.broadcast_to(jnp.arange(capacity)[None], (batch, capacity)))
-    return self._keys_and_queries(w_BxLqxHxK, beta_BxLqxH, query_index_BxLq, query_index_BxLq)
+    return self._keys_and_queries(w_BxLqxGxK, beta_BxLqxG, query_index_BxLq, query_index_BxLq)
 
   @staticmethod
-  def _keys_and_queries(w_BxLkxHxK, beta_BxLkxH, query_index_BxLq, key_index_BxLk):
-    """The shared terms, laid out so that blocks cut the queries' rows and the keys' columns: w B x H x K x 1 x Lk,
-    beta B x H x 1 x Lk, the chunks' T once for all of a layer's query blocks (chunk_transform_columns) B x H x C
+  def _keys_and_queries(w_BxLkxGxK, beta_BxLkxG, query_index_BxLq, key_index_BxLk):
+    """The shared terms, laid out so that blocks cut the queries' rows and the keys' columns: w B x G x K x 1 x Lk,
+    beta B x G x 1 x Lk, the chunks' T once for all of a layer's query blocks (chunk_transform_columns) B x G x C
     x 1 x Lk, the indices B x 1 x Lq x 1 and B x 1 x 1 x Lk."""
-    w_BxHxKxLk, beta_BxHxLk = jnp.transpose(w_BxLkxHxK, (0, 2, 3, 1)), jnp.transpose(beta_BxLkxH, (0, 2, 1))
-    return dict(w=w_BxHxKxLk[:, :, :, None, :], beta=beta_BxHxLk[:, :, None, :],
-                transform=chunk_transform_columns(w_BxHxKxLk, beta_BxHxLk, CHUNK_SIZE)[:, :, :, None, :],
+    w_BxGxKxLk, beta_BxGxLk = jnp.transpose(w_BxLkxGxK, (0, 2, 3, 1)), jnp.transpose(beta_BxLkxG, (0, 2, 1))
+    return dict(w=w_BxGxKxLk[:, :, :, None, :], beta=beta_BxGxLk[:, :, None, :],
+                transform=chunk_transform_columns(w_BxGxKxLk, beta_BxGxLk, CHUNK_SIZE)[:, :, :, None, :],
                 query_index=query_index_BxLq[:, None, :, None], key_index=key_index_BxLk[:, None, None, :])
 
   def logits(self, query_BxLqxHxK, key_BxLkxHxK, q_positions_BxLq, k_positions_BxLk, shared, scale):
     reflected_BxHxLqxLk = reflected_logits(
         query_BxLqxHxK, key_BxLkxHxK, shared['w'][:, :, :, 0, :], shared['beta'][:, :, 0, :],
         shared['query_index'][:, 0, :, 0], shared['key_index'][:, 0, 0, :],
-        transform_BxHxCxLk=shared['transform'][:, :, :, 0, :])
-    plain_BxHxLqxLk = jnp.einsum('bqhk,bshk->bhqs', query_BxLqxHxK.astype(jnp.float32),
-                                 key_BxLkxHxK.astype(jnp.float32))
+        transform_BxGxCxLk=shared['transform'][:, :, :, 0, :])
+    plain_BxHxLqxLk = grouped_logits_heads_last(query_BxLqxHxK, key_BxLkxHxK)
     return scale * (reflected_BxHxLqxLk - plain_BxHxLqxLk)
 
   def needs_all_keys(self):

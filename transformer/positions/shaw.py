@@ -146,7 +146,8 @@ class ShawSettings(Settings):
 class ShawBand:
   """Shaw's causal band (module docstring) for causal blockwise attention: `width` k; `logits` and
   `values` the re-centred terms, zero for keys more than k back; `value_offset()` (H x V) what the
-  re-centring took out of the values term, which attention adds to every value vector."""
+  re-centring took out of the values term, which attention adds to each query head's output (the weights of
+  every row sum to one), as to every value vector."""
 
   def __init__(self, layer: 'Shaw'):
     self.layer = layer

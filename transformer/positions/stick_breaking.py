@@ -25,6 +25,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from transformer.attention import grouped_logits, grouped_output
 from transformer.attention_request import WeightsRule
 from transformer.blockwise import block_slice
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, require
@@ -68,28 +69,29 @@ def stick_breaking_weights(logits_BxHxLqxLk: chex.Array, allowed: Optional[chex.
   return jnp.where(allowed, jnp.exp(log_weights), 0.0)
 
 
-def _block_step(query_BxHxbqxK, key_BxHxbkxK, value_BxHxbkxV, term, allowed, later_sum, accumulator):
-  """One key block folded into a query block, the blocks after it already passed: (later_sum, accumulator)."""
-  logits = jnp.einsum('bhqk,bhsk->bhqs', query_BxHxbqxK, key_BxHxbkxK)  # the queries come scaled
+def _block_step(query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, allowed, later_sum, accumulator):
+  """One key block folded into a query block, the blocks after it already passed: (later_sum, accumulator).
+  Query head h reads key and value head h // (H / G)."""
+  logits = grouped_logits(query_BxHxbqxK, key_BxGxbkxK)  # the queries come scaled
   if term is not None:
     logits = logits + term.astype(jnp.float32)
   allowed = jnp.broadcast_to(allowed, logits.shape)
   log_weights, block_sum = _log_weights(logits, allowed, later_sum)
   weights = jnp.where(allowed, jnp.exp(log_weights), 0.0)
-  output = jnp.einsum('bhqs,bhsv->bhqv', weights.astype(value_BxHxbkxV.dtype), value_BxHxbkxV).astype(jnp.float32)
+  output = grouped_output(weights.astype(value_BxGxbkxV.dtype), value_BxGxbkxV).astype(jnp.float32)
   return later_sum + block_sum, accumulator + output
 
 
 _checkpointed_step = jax.checkpoint(_block_step)  # a block's logits and weights are recomputed, never stored
 
 
-def stick_breaking_blockwise(query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV, allowed, logits_term: Callable,
+def stick_breaking_blockwise(query_BxHxLqxK, key_BxGxLkxK, value_BxGxLkxV, allowed, logits_term: Callable,
                              block_size: int, key_block_size: Optional[int], skip_future_blocks: bool) -> chex.Array:
   """sum_j A_ij v_j in blocks of block_size queries, each over blocks of key_block_size keys (None: one) from
   the last the block sees to the first, carrying the sum of log(1 - beta) of the keys passed: B x H x Lq x V.
-  allowed: the mask broadcastable to B x H x Lq x Lk, the own position already removed where it must be."""
+  Query head h reads key and value head h // (H / G). allowed: the mask broadcastable to B x H x Lq x Lk, the own position already removed where it must be."""
   batch, heads, length_q, _ = query_BxHxLqxK.shape
-  length_k = key_BxHxLkxK.shape[2]
+  length_k = key_BxGxLkxK.shape[2]
   outputs = []
   for q_start in range(0, length_q, block_size):
     q_slice = slice(q_start, min(q_start + block_size, length_q))
@@ -97,11 +99,11 @@ def stick_breaking_blockwise(query_BxHxLqxK, key_BxHxLkxK, value_BxHxLkxV, allow
     step = key_block_size or max(last_key, 1)
     starts = list(range(0, last_key, step))
     later_sum = jnp.zeros((batch, heads, q_slice.stop - q_slice.start, 1), jnp.float32)
-    accumulator = jnp.zeros((batch, heads, q_slice.stop - q_slice.start, value_BxHxLkxV.shape[-1]), jnp.float32)
+    accumulator = jnp.zeros((batch, heads, q_slice.stop - q_slice.start, value_BxGxLkxV.shape[-1]), jnp.float32)
     for k_start in reversed(starts):
       k_slice = slice(k_start, min(k_start + step, last_key))
       later_sum, accumulator = _checkpointed_step(
-          query_BxHxLqxK[:, :, q_slice], key_BxHxLkxK[:, :, k_slice], value_BxHxLkxV[:, :, k_slice],
+          query_BxHxLqxK[:, :, q_slice], key_BxGxLkxK[:, :, k_slice], value_BxGxLkxV[:, :, k_slice],
           logits_term(q_slice, k_slice), block_slice(allowed, q_slice, k_slice), later_sum, accumulator)
     outputs.append(accumulator)
   return jnp.concatenate(outputs, axis=2)

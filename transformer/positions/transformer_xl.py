@@ -98,6 +98,15 @@ class TransformerXLStack(StackPositions):
     return self.content_bias[..., None, None], self.position_bias[..., None, None]
 
 
+def content_term(key_BxLkxGxK: chex.Array, content_bias_HxK: chex.Array) -> chex.Array:
+  """u_h . k_j for every query head h with its key head h // (H / G): B x H x 1 x Lk."""
+  batch, length_k, groups, width = key_BxLkxGxK.shape
+  heads = content_bias_HxK.shape[0]
+  bias_GxNxK = content_bias_HxK.reshape(groups, heads // groups, width)
+  content_BxGxNxLk = jnp.einsum('bkgd,gnd->bgnk', key_BxLkxGxK.astype(jnp.float32), bias_GxNxK)
+  return content_BxGxNxLk.reshape(batch, heads, 1, length_k)
+
+
 class TransformerXLLayer(LayerPositions):
   """Owns W_R (and, without sharing, its own u and v); adds the content and position terms."""
 
@@ -112,7 +121,7 @@ class TransformerXLLayer(LayerPositions):
       content_bias_HxK, position_bias_HxK = (bias[..., 0, 0] for bias in shared)
     else:
       content_bias_HxK, position_bias_HxK = self.content_bias, self.position_bias
-    content_BxHx1xLk = jnp.einsum('bkhd,hd->bhk', key_BxLkxHxK.astype(jnp.float32), content_bias_HxK)[:, :, None]
+    content_BxHx1xLk = content_term(key_BxLkxHxK, content_bias_HxK)
     query_plus_v = query_BxLqxHxK.astype(jnp.float32) + position_bias_HxK
     projection_DxHxK = self.projection.reshape(self.model_dim, self.num_heads, self.head_dim)
     base = self.settings.sinusoidal_base
