@@ -64,3 +64,36 @@ def test_a_preset_steps_split_over_eight_devices(size):
   after = jax.tree_util.tree_leaves(placement.host_state(state).params['decoder']['layer_0'])
   assert any(not np.array_equal(a, b) for a, b in zip(before, after))
   assert state.params['decoder']['layer_0']['feed_forward']['hidden_kernel'].sharding.spec == PartitionSpec('fsdp', None)
+
+
+def test_the_smollm2_preset_has_smollm2_135ms_parameters():
+  """configs/llama.py:smollm2_135m traced abstractly: 30 layers of grouped-query attention (9 heads, 3 key and value
+  heads of 64), SwiGLU 1536 wide, RMSNorm, no biases, tied embeddings. Its layers hold 106,203,456 parameters,
+  HuggingFaceTB/SmolLM2-135M's 134,515,008 less its 49,152 x 576 embedding; here the vocabulary is the corpus's."""
+  from configs import llama
+  experiment = from_config_dict(with_overrides(llama.get_config('smollm2_135m'), SHORT), jax.device_count())
+  model_config = experiment.model
+  assert (model_config.num_heads, model_config.key_value_heads, model_config.head_dim) == (9, 3, 64)
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(model_config, experiment.task.model_kind)
+  shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+  total = sum(leaf.size for leaf in jax.tree_util.tree_leaves(shapes.params))
+  assert total - model_config.vocab_size * 576 == 134_515_008 - 49_152 * 576 == 106_203_456
+
+
+@pytest.mark.parametrize('size', ['small', 'medium'])
+def test_the_llama_presets_split_their_key_and_value_heads_over_the_tensor_axis(size):
+  """configs/llama.py at GPT-2's sizes traced abstractly with tensor=4: the key and value projections (4 heads) split
+  their heads over 'tensor' as the query projection does, and every layer's feed-forward has its gate."""
+  from configs import llama
+  config = with_overrides(llama.get_config(size), {**SHORT, 'parallel.fsdp': 2, 'parallel.tensor': 4})
+  experiment = from_config_dict(config, jax.device_count())
+  task = TASKS[experiment.task.name](experiment.task)
+  model = transformer.build_model(experiment.model, experiment.task.model_kind)
+  shapes = jax.eval_shape(lambda: steps.create_train_state(experiment, model, task))
+  specs, _ = sharding.plan(experiment, model, task, shapes, jax.device_count())
+  attention = specs.params['decoder']['layer_0']['self_attention']
+  assert tuple(attention['query']['kernel']) == tuple(attention['key']['kernel']) == ('fsdp', 'tensor')
+  key_kernel = shapes.params['decoder']['layer_0']['self_attention']['key']['kernel']
+  assert key_kernel.shape == (experiment.model.model_dim, 4 * experiment.model.head_dim)
+  assert 'gate_kernel' in shapes.params['decoder']['layer_0']['feed_forward']

@@ -13,6 +13,7 @@ import transformer
 from configs import algorithmic, base, classify as classify_config, forecast as forecast_config
 from configs import shakespeare as shakespeare_config, smoke, tracing as tracing_config
 from configs import corpus as corpus_config, translation as translation_config
+from configs import llama as llama_config
 from experiments.runs import evaluation, settings, trainer
 from experiments.data import shakespeare as shakespeare_data
 from experiments.data.manifest import DataError
@@ -213,7 +214,8 @@ CONFIGS = [(f'algorithmic.py:{t}', lambda t=t: algorithmic.get_config(t)) for t 
     ('shakespeare.py:passkey', lambda: shakespeare_config.get_config('passkey'))] + [
     (f'forecast.py:{s}', lambda s=s: forecast_config.get_config(s)) for s in forecast_config.SERIES] + [
     ('classify.py', classify_config.get_config), ('tracing.py', tracing_config.get_config),
-    ('translation.py', translation_config.get_config), ('corpus.py', corpus_config.get_config)]
+    ('translation.py', translation_config.get_config), ('corpus.py', corpus_config.get_config),
+    ('llama.py:smoke', lambda: llama_config.get_config('smoke'))]
 
 
 @pytest.mark.slow
