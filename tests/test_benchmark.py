@@ -42,12 +42,12 @@ def test_benchmark_prints_a_table_and_writes_json(tmp_path):
 
 
 @pytest.mark.slow
-def test_benchmark_runs_bfloat16_with_remat_against_the_bfloat16_peak(tmp_path):
+def test_benchmark_runs_bfloat16_with_remat_and_grouped_query_attention_against_the_bfloat16_peak(tmp_path):
   output = tmp_path / 'bench.json'
   result = command_server.run(
       [sys.executable, '-m', 'experiments.benchmark', '--positions=rope', '--lengths=16', '--steps=2', '--warmup=1',
        '--model_dim=32', '--feed_forward_dim=64', '--num_layers=1', '--batch_size=2', '--compute_dtype=bfloat16',
-       '--remat=block', f'--json={output}'],
+       '--remat=block', '--num_kv_heads=2', '--cache_length=64', f'--json={output}'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu'), capture_output=True, text=True,
       timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -56,6 +56,9 @@ def test_benchmark_runs_bfloat16_with_remat_against_the_bfloat16_peak(tmp_path):
   assert report['compute_dtype'] == 'bfloat16' and report['remat'] == 'block'
   row, = report['rows']
   assert row['variant'] == 'rope' and row['tokens_per_second'] > 0
+  # 2 key and value heads of 4 (width 32 / 4 heads = 8 each): keys and values of 64 tokens in bfloat16, one layer
+  assert row['kv_heads'] == 2 and row['key_value_cache_bytes'] == 2 * 64 * 2 * 8 * 2
+  assert row['cache_bytes'] >= row['key_value_cache_bytes']
 
 
 def test_peer_without_pytorch_says_how_to_install_it(tmp_path):

@@ -1,17 +1,21 @@
 """Training-step speed and memory of every positional variant, against the machine's own matmul peak.
 
   python -m experiments.benchmark [--positions=all] [--lengths=128,256,512,1024] [--batch_size=16]
-                                  [--steps=10] [--compute_dtype=bfloat16] [--remat=block] [--attention_block_size=0]
+                                  [--num_kv_heads=1,2,0] [--cache_length=2048] [--steps=10]
+                                  [--compute_dtype=bfloat16] [--remat=block] [--attention_block_size=0]
                                   [--attention_key_block_size=512] [--attention_implementation=pallas]
                                   [--peak_flops=989e12] [--peer] [--json=benchmark.json]
 
 Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
 4 heads, d_ff 1024. Each (variant, length) runs in its own subprocess, so compile caches and peak
-memory do not leak between rows. Reported: compile time; step time (median, min, max over --steps
+memory do not leak between rows; --num_kv_heads gives each (variant, length) a row per count of key and
+value heads (grouped-query attention; 0: num_heads, multi-head). Reported: compile time; step time (median, min, max over --steps
 timed steps after --warmup); tokens/s; model FLOPs utilisation against a float32 matmul peak
 measured in each row's own process right after its timed steps (so a busy machine lowers both,
 and MFU never divides by a peak measured at another moment), or against --peak_flops, the device's stated
-dense peak for the dtype; peak memory (device memory on an accelerator, resident memory on a CPU).
+dense peak for the dtype; peak memory (device memory on an accelerator, resident memory on a CPU); the
+decoding cache's bytes for one sequence of --cache_length tokens (from its shapes, nothing allocated): its keys
+and values in the table, the whole cache (with the variant's own entries) in the JSON.
 --attention_implementation is model.attention_implementation (the attention core: attention_core.py).
 With --peer, each variant x-transformers has (none, learned, sinusoidal, rope, alibi, t5) is also run
 on x-transformers right after ours, with and without its fused attention (experiments/benchmarks/peer.py), and a
@@ -42,6 +46,10 @@ _WARMUP = flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.', 
 _MODEL_DIM = flags.DEFINE_integer('model_dim', 256, 'd_model.', lower_bound=1)
 _LAYERS = flags.DEFINE_integer('num_layers', 4, 'Decoder layers.', lower_bound=1)
 _HEADS = flags.DEFINE_integer('num_heads', 4, 'Heads.', lower_bound=1)
+_KV_HEADS = flags.DEFINE_string('num_kv_heads', '0', 'Comma-separated counts of key and value heads, a row each '
+                                '(grouped-query attention; each a divisor of --num_heads; 0: num_heads).')
+_CACHE_LENGTH = flags.DEFINE_integer('cache_length', 2048, "The decoding cache's bytes reported for one sequence "
+                                     'of this many tokens.', lower_bound=1)
 _FF = flags.DEFINE_integer('feed_forward_dim', 1024, 'd_ff.', lower_bound=1)
 _VOCAB = flags.DEFINE_integer('vocab_size', 256, 'Vocabulary.', lower_bound=1)
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'],
@@ -66,7 +74,7 @@ _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "variant:length"
 _PEER_ROW = flags.DEFINE_enum('peer_row', None, ['fused', 'unfused'], 'Internal: run --row on x-transformers.')
 
 
-def run_row(variant: str, length: int) -> dict:
+def run_row(variant: str, length: int, kv_heads: int = 0) -> dict:
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
@@ -79,7 +87,7 @@ def run_row(variant: str, length: int) -> dict:
     return transformer.PositionConfig(kind, ssmax=ssmax == 'ssmax', **long_enough)
 
   config = transformer.ModelConfig(
-      vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value,
+      vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value, num_kv_heads=kv_heads,
       feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
       norm='pre', position=_position(variant, length),
       compute_dtype=_DTYPE.value, remat=_REMAT.value, attention_block_size=_BLOCK.value,
@@ -119,8 +127,17 @@ def run_row(variant: str, length: int) -> dict:
   peak_bytes = stats['peak_bytes_in_use'] if stats else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   count = sum(int(p.size) for p in jax.tree_util.tree_leaves(params))
   median = statistics.median(times)
+  cache_model = transformer.DecoderOnly(config.replace(position=_position(variant, _CACHE_LENGTH.value)))
+  cache = jax.eval_shape(lambda: cache_model.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, _CACHE_LENGTH.value),
+                                                                                         'int32'), use_cache=True))
+  leaves = jax.tree_util.tree_flatten_with_path(cache.get('cache', {}))[0]
+  cache_bytes = sum(leaf.size * leaf.dtype.itemsize for _, leaf in leaves)
+  key_value_bytes = sum(leaf.size * leaf.dtype.itemsize for path, leaf in leaves
+                        if jax.tree_util.keystr(path).endswith(("'cached_key']", "'cached_value']")))
   flops = model_flops_per_step(count, _LAYERS.value, _MODEL_DIM.value, length, batch)
-  return dict(variant=variant, length=length, batch=batch, parameters=count, compile_seconds=compile_seconds,
+  return dict(variant=variant, length=length, kv_heads=config.key_value_heads, batch=batch, parameters=count,
+              cache_bytes=cache_bytes, key_value_cache_bytes=key_value_bytes, cache_length=_CACHE_LENGTH.value,
+              compile_seconds=compile_seconds,
               step_seconds_median=median, step_seconds_min=min(times), step_seconds_max=max(times),
               tokens_per_second=batch * length / median, model_flops_per_second=flops / median,
               peak_memory_bytes=peak_bytes, memory_kind='device' if stats else 'resident (CPU)',
@@ -132,11 +149,12 @@ def main(argv):
   if _ROW.value:
     print(json.dumps(_child_row()))
     return
-  variants, lengths = _checked_flags()
+  variants, lengths, kv_counts = _checked_flags()
   rows, peer_rows = [], []
   for length in lengths:
     for variant in variants:
-      rows.append(_measure(variant, length))
+      for kv_heads in kv_counts:
+        rows.append(_measure(variant, length, kv_heads=kv_heads))
       if _PEER.value and variant in _peer().PEER_VARIANTS:  # alternating: ours, then theirs, per row
         for setting in ('unfused',) if variant in _peer().PEER_UNFUSABLE else ('unfused', 'fused'):
           peer_rows.append(_measure(variant, length, setting))
@@ -159,7 +177,7 @@ def _peer():
 
 def _child_row() -> dict:
   """--row=VARIANT:LENGTH: one row measured in this process (ours, or x-transformers' with --peer_row)."""
-  variant, length = _ROW.value.split(':')
+  variant, length, *kv_heads = _ROW.value.split(':')
   if _PEER_ROW.value:
     row = _peer().run_peer_row(variant, int(length), _BATCH.value, _STEPS.value, _WARMUP.value,
                                fused=_PEER_ROW.value == 'fused', vocab_size=_VOCAB.value,
@@ -168,7 +186,7 @@ def _child_row() -> dict:
     row['model_flops_per_second'] = model_flops_per_step(
         row['parameters'], _LAYERS.value, _MODEL_DIM.value, int(length), _BATCH.value) / row['step_seconds_median']
   else:
-    row = run_row(variant, int(length))
+    row = run_row(variant, int(length), int(kv_heads[0]) if kv_heads else 0)
   # the yardstick: stated, or measured beside the row's steps
   row['matmul_peak_flops'] = _PEAK.value or matmul_peak(dtype=_DTYPE.value)
   return row
@@ -193,18 +211,27 @@ def _checked_flags() -> tuple[list, list]:
     cli.fail(f'--peak_flops: got {_PEAK.value}; valid: a FLOP/s figure > 0, or 0 to measure one')
   if _MODEL_DIM.value % _HEADS.value:
     cli.fail(f'--num_heads: got {_HEADS.value}; valid: a divisor of --model_dim={_MODEL_DIM.value}')
+  try:
+    kv_counts = [int(n) for n in _KV_HEADS.value.split(',')]
+  except ValueError:
+    kv_counts = [-1]
+  if any(n < 0 or (n and _HEADS.value % n) for n in kv_counts):
+    cli.fail(f'--num_kv_heads: got {_KV_HEADS.value!r}; valid: comma-separated divisors of --num_heads={_HEADS.value} '
+             '(0: num_heads)')
   if _PEER.value:
     if not _peer().peer_available():
       cli.fail(_peer().INSTALL_HINT)
     if _REMAT.value != 'none':
       cli.fail('--peer compares the step without rematerialisation; drop --remat')
-  return variants, lengths
+  return variants, lengths, kv_counts
 
 
-def _measure(variant: str, length: int, peer_setting: str | None = None) -> dict:
+def _measure(variant: str, length: int, peer_setting: str | None = None, kv_heads: int = 0) -> dict:
   """One row, measured in a fresh process with this command's flags."""
-  passthrough = [a for a in sys.argv[1:] if not a.startswith(('--positions', '--lengths', '--json', '--peer'))]
-  command = [sys.executable, '-m', 'experiments.benchmark', 'step', f'--row={variant}:{length}', *passthrough]
+  passthrough = [a for a in sys.argv[1:]
+                 if not a.startswith(('--positions', '--lengths', '--json', '--peer', '--num_kv_heads'))]
+  command = [sys.executable, '-m', 'experiments.benchmark', 'step', f'--row={variant}:{length}:{kv_heads}',
+             *passthrough]
   implementation = 'ours'
   if peer_setting:
     command.append(f'--peer_row={peer_setting}')
@@ -222,7 +249,7 @@ def _measure(variant: str, length: int, peer_setting: str | None = None) -> dict
 def _print_table(rows: list, peer_rows: list) -> None:
   """The table of our rows, each step time also as a ratio to none's at that length."""
   header = (f'{"variant":<16} {"length":>6} {"compile s":>9} {"step ms (min-max)":>22} {"tokens/s":>9} '
-            f'{"MFU":>6} {"of GFLOP/s":>10} {"vs none":>7} {"peak MiB":>9}')
+            f'{"MFU":>6} {"of GFLOP/s":>10} {"vs none":>7} {"peak MiB":>9} {"kv":>3} {"K,V cache MiB":>13}')
   peaks = [r['matmul_peak_flops'] for r in rows + peer_rows if 'error' not in r]
   measured = 'stated (--peak_flops)' if _PEAK.value else 'measured in each row\'s process after its steps'
   print(f'matmul peak ({_DTYPE.value}, {measured}): '
@@ -232,17 +259,19 @@ def _print_table(rows: list, peer_rows: list) -> None:
         f'{f"; attention in blocks of {_BLOCK.value} queries" if _BLOCK.value else ""}'
         f'{f" and {_KEY_BLOCK.value} keys" if _BLOCK.value and _KEY_BLOCK.value else ""}')
   print(header)
-  baseline = {r['length']: r['step_seconds_median'] for r in rows if r.get('variant') == 'none' and 'error' not in r}
+  baseline = {(r['length'], r['kv_heads']): r['step_seconds_median'] for r in rows
+              if r.get('variant') == 'none' and 'error' not in r}
   for row in rows:
     if 'error' in row:
       print(f'{row["variant"]:<16} {row["length"]:>6} failed: {row["error"]}')
       continue
-    ratio = row['step_seconds_median'] / baseline[row['length']] if row['length'] in baseline else float('nan')
+    key = (row['length'], row['kv_heads'])
+    ratio = row['step_seconds_median'] / baseline[key] if key in baseline else float('nan')
     print(f'{row["variant"]:<16} {row["length"]:>6} {row["compile_seconds"]:>9.1f} '
           f'{1e3 * row["step_seconds_median"]:>8.1f} ({1e3 * row["step_seconds_min"]:.0f}-'
           f'{1e3 * row["step_seconds_max"]:.0f}) {row["tokens_per_second"]:>9.0f} '
           f'{100 * row["model_flops_utilisation"]:>5.1f}% {row["matmul_peak_flops"] / 1e9:>10.1f} {ratio:>6.2f}x '
-          f'{row["peak_memory_bytes"] / 2**20:>9.0f}')
+          f'{row["peak_memory_bytes"] / 2**20:>9.0f} {row["kv_heads"]:>3} {row["key_value_cache_bytes"] / 2**20:>13.2f}')
 
 
 def print_peer_table(rows: list, peer_rows: list) -> None:
