@@ -98,7 +98,7 @@ def test_the_bias_is_x_transformers_data_dependent_alibi_with_the_same_gate():
   linear = peer.to_forget_gates[0]
   with torch.no_grad():
     linear.weight.copy_(torch.from_numpy(np.asarray(params['forget_gate_kernel']).T.copy()))
-    linear.bias.copy_(torch.from_numpy(np.asarray(params['forget_gate_bias'])))
-    theirs = peer(torch.from_numpy(np.asarray(x_BxLxD))).numpy()
+    linear.bias.copy_(torch.from_numpy(np.array(params['forget_gate_bias'])))
+    theirs = peer(torch.from_numpy(np.array(x_BxLxD))).numpy()
   below = np.tril(np.ones((300, 300), bool))
   np.testing.assert_allclose(np.where(below, ours, 0.0), np.where(below, theirs, 0.0), rtol=1e-5, atol=2e-3)

@@ -17,6 +17,7 @@ ALLOWED = {
     'transformer': set(),
     'experiments.shared': {'transformer'},
     'experiments.data': {'experiments.shared', 'transformer'},
+    'experiments.pretrained': {'experiments.shared', 'transformer'},
     'experiments.tasks': {'experiments.shared', 'experiments.data', 'transformer'},
     'experiments.runs': {'experiments.shared', 'experiments.tasks', 'experiments.data', 'transformer'},
     'experiments.evaluation': {'experiments.shared', 'experiments.tasks', 'experiments.data', 'experiments.runs',

@@ -21,13 +21,14 @@ def check_token_input(tokens, name: str) -> None:
 
 
 class TokenEmbedding(nn.Module):
-  """E[ids] * sqrt(d_model) (the paper's scaling), and the output projection (tied: x E^T)."""
+  """E[ids] * sqrt(d_model) (the paper's scaling), and the output projection (tied: x E^T; untied: x W (+ b with
+  use_bias))."""
   config: ModelConfig
 
   def setup(self):
     self.embed = Embed(self.config.vocab_size, self.config.model_dim, name='embedding')
     if not self.config.tie_embeddings:
-      self.output = Dense(self.config.vocab_size, name='output', axes=(EMBED, VOCAB))
+      self.output = Dense(self.config.vocab_size, use_bias=self.config.use_bias, name='output', axes=(EMBED, VOCAB))
 
   def __call__(self, tokens_BxL):
     x = batch_split(self.embed(tokens_BxL).astype(self.config.dtype))

@@ -1,0 +1,95 @@
+"""Hugging Face checkpoints as this library's decoder (experiments/pretrained/hugging_face.py): tiny random models
+made here with transformers, saved as safetensors, read back without PyTorch, and compared with transformers'
+own logits on a prompt of 512 tokens (the rotary layout's errors show on long prompts only)."""
+
+import numpy as np
+import pytest
+
+import transformer as T
+from experiments.pretrained import hugging_face
+
+torch = pytest.importorskip('torch', reason='the yardstick is transformers on PyTorch (pip install torch transformers)')
+transformers = pytest.importorskip('transformers', reason='the yardstick is transformers (pip install transformers)')
+
+LENGTH = 512
+
+
+def _tiny(architecture: str, **changes):
+  fields = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=2 * LENGTH, tie_word_embeddings=False)
+  fields.update(changes)
+  config_class = getattr(transformers, architecture.replace('ForCausalLM', 'Config'))
+  torch.manual_seed(0)
+  model = getattr(transformers, architecture)(config_class(**fields)).eval()
+  with torch.no_grad():  # weights far from their initialisation, norms' scales too, so that nothing cancels
+    for parameter in model.parameters():
+      parameter.add_(0.05 * torch.randn_like(parameter))
+  return model
+
+
+def _compare(model, folder, dtype=None):
+  """Our logits from the folder the model is saved to (its weights in dtype) against transformers' in float32 with
+  the same weights (rounded to dtype; its rotary frequencies stay float32)."""
+  ids = np.random.default_rng(1).integers(0, model.config.vocab_size, size=(2, LENGTH))
+  with torch.no_grad():
+    if dtype is not None:
+      for parameter in model.parameters():
+        parameter.copy_(parameter.to(dtype).float())
+    expected = model(torch.tensor(ids)).logits.numpy()
+  (model if dtype is None else model.to(dtype)).save_pretrained(folder, safe_serialization=True)
+  config, params = hugging_face.load(str(folder))
+  got = np.asarray(T.DecoderOnly(config).apply(params, ids))
+  assert got.shape == expected.shape
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+  return config
+
+
+@pytest.mark.parametrize('kv_heads', [1, 2, 4])
+@pytest.mark.parametrize('tied', [False, True])
+def test_a_llama_checkpoint_gives_transformers_logits(tmp_path, kv_heads, tied):
+  config = _compare(_tiny('LlamaForCausalLM', num_key_value_heads=kv_heads, tie_word_embeddings=tied), tmp_path)
+  assert config.key_value_heads == kv_heads and config.tie_embeddings == tied
+
+
+@pytest.mark.parametrize('eps', [1e-6, 1e-5])
+def test_qwen2s_query_key_and_value_biases_and_its_epsilon(tmp_path, eps):
+  config = _compare(_tiny('Qwen2ForCausalLM', rms_norm_eps=eps, rope_theta=1e6), tmp_path)
+  assert config.qkv_bias and config.layer_norm_eps == eps and config.position.settings.rope_base == 1e6
+
+
+def test_mistral_and_bfloat16_weights(tmp_path):
+  """Mistral's layout, its weights stored in bfloat16 (read through ml_dtypes; NumPy has no bfloat16): the logits of
+  the same bfloat16 weights in float32."""
+  _compare(_tiny('MistralForCausalLM', sliding_window=None), tmp_path, dtype=torch.bfloat16)
+  assert hugging_face.Tensors(str(tmp_path)).stored_dtype('model.layers.0.self_attn.q_proj.weight') == 'BF16'
+
+
+def test_the_rotary_permutation_matters(tmp_path):
+  """Without the per-head permutation of the query and key rows the logits differ: the check above can fail."""
+  model = _tiny('LlamaForCausalLM')
+  model.save_pretrained(tmp_path, safe_serialization=True)
+  config, _ = hugging_face.load(str(tmp_path))
+  ids = np.random.default_rng(1).integers(0, 97, size=(1, LENGTH))
+  with torch.no_grad():
+    expected = model(torch.tensor(ids)).logits.numpy()
+  read = hugging_face.Tensors(str(tmp_path))
+  unpermuted = hugging_face.llama_params(read, config)
+  layer = unpermuted['params']['decoder']['layer_0']['self_attention']
+  layer['query']['kernel'] = read('model.layers.0.self_attn.q_proj.weight').T
+  layer['key']['kernel'] = read('model.layers.0.self_attn.k_proj.weight').T
+  got = np.asarray(T.DecoderOnly(config).apply(unpermuted, ids))
+  assert not np.allclose(got, expected, rtol=1e-3, atol=1e-3)
+
+
+def test_unsupported_sources_are_refused_by_name(tmp_path):
+  with pytest.raises(hugging_face.PretrainedError, match=r'has no config.json'):
+    hugging_face.load(str(tmp_path))
+  base = dict(num_attention_heads=4, hidden_size=64, intermediate_size=96, vocab_size=10, num_hidden_layers=1,
+              rms_norm_eps=1e-5)
+  with pytest.raises(hugging_face.PretrainedError,
+                     match=r"architectures: got \['BertModel'\]; valid: one of LlamaForCausalLM, MistralForCausalLM"):
+    hugging_face.model_config({**base, 'architectures': ['BertModel']})
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'yarn'"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'yarn'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
