@@ -98,8 +98,10 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
   with pytest.raises(hugging_face.PretrainedError,
                      match=r"architectures: got \['BertModel'\]; valid: one of LlamaForCausalLM, MistralForCausalLM"):
     hugging_face.model_config({**base, 'architectures': ['BertModel']})
-  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'yarn'"):
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'yarn': transformers ramps"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'yarn'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'dynamic'; valid: default, linear"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'type': 'dynamic'}})
   with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
 
@@ -167,3 +169,21 @@ def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_is_refused_by_
   with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.type: got 'yarn'; valid here: none"):
     gguf_file.model_config(Reader(general__architecture='llama', llama__embedding_length=64,
                                   llama__attention__head_count=4, llama__rope__scaling__type='yarn'))
+
+
+ROPE_SCALINGS = {
+    'linear': {'factor': 4.0},
+    'llama3': {'factor': 8.0, 'original_max_position_embeddings': 128, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
+    'longrope': {'original_max_position_embeddings': 128, 'short_factor': [1.0 + 0.05 * p for p in range(8)],
+                 'long_factor': [1.5 + 0.5 * p for p in range(8)]},
+}
+
+
+@pytest.mark.parametrize('kind', sorted(ROPE_SCALINGS))
+def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_length(tmp_path, kind):
+  """rope_scaling read as this library's extension (linear -> pi, llama3, longrope), on 512 tokens, four times the
+  original 128: transformers' logits."""
+  parameters = {'rope_type': kind, 'rope_theta': 10000.0, **ROPE_SCALINGS[kind]}
+  config = _compare(_tiny('LlamaForCausalLM', rope_parameters=parameters, max_position_embeddings=1024), tmp_path)
+  expected = {'linear': 'pi'}.get(kind, kind)
+  assert config.position.settings.rope_extension == expected

@@ -3,7 +3,8 @@ as this library's decoder: the config mapped to transformer.ModelConfig, the wei
 tensor by tensor with safetensors' NumPy API (bfloat16 through ml_dtypes), never needing PyTorch.
 
 The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): pre-RMSNorm, SwiGLU, grouped-query
-attention, RoPE, no biases but Qwen2's on the query, key and value projections, tied or untied embeddings. A
+attention, RoPE (with its rope_scaling as a context extension), no biases but Qwen2's on the query, key and value
+projections, tied or untied embeddings. A
 Linear's weight (out x in) is this library's kernel transposed. Hugging Face rotates each head's feature i with
 feature i + d/2 (rotate_half); this library rotates features 2i and 2i + 1 (the RoFormer paper's pairs), at the
 same frequency base^(-2i/d). So the query and key projections' output features (and Qwen2's biases) are
@@ -47,16 +48,39 @@ def architecture(hf_config: dict) -> str:
   return names[0]
 
 
-def _rope_theta(hf_config: dict) -> float:
-  """rope_theta, at the top level or in transformers 5's rope_parameters; a rope_scaling not yet served is
-  refused by name rather than dropped."""
-  parameters = hf_config.get('rope_parameters') or {}
-  scaling = hf_config.get('rope_scaling') or {}
-  kind = parameters.get('rope_type') or scaling.get('rope_type') or scaling.get('type') or 'default'
-  if kind != 'default':
-    raise PretrainedError(f'config.json: rope scaling type {kind!r}; valid here: none (default); the extension '
-                          'methods are not yet read from a checkpoint')
-  return float(parameters.get('rope_theta', hf_config.get('rope_theta', 10000.0)))
+ROPE_TYPES = ('default', 'linear', 'llama3', 'longrope')
+
+
+def rope_position(hf_config: dict) -> transformer.PositionConfig:
+  """RoPE with the checkpoint's base and its rope_scaling (or transformers 5's rope_parameters) as this library's
+  context extension: linear -> pi, llama3, longrope (its factor lists, the set chosen by the sequence's length,
+  as transformers does), each with its original_max_position_embeddings. Any other type (yarn, dynamic) is
+  refused by name, never dropped."""
+  scaling = {**(hf_config.get('rope_scaling') or {}), **(hf_config.get('rope_parameters') or {})}
+  kind = scaling.get('rope_type') or scaling.get('type') or 'default'
+  fields = {'rope_base': float(scaling.get('rope_theta', hf_config.get('rope_theta', 10000.0)))}
+  longest = hf_config.get('max_position_embeddings')
+  original = int(scaling.get('original_max_position_embeddings') or longest or 0)
+  if kind == 'linear':
+    fields.update(rope_extension='pi', extension_factor=float(scaling['factor']))
+  elif kind == 'yarn':
+    raise PretrainedError('config.json: rope scaling type \'yarn\': transformers ramps YaRN\'s blend over dimension '
+                          'indices, truncated (the authors\' code), this library over rotations (the paper\'s gamma(r)); '
+                          f'valid here: {", ".join(ROPE_TYPES)}')
+  elif kind == 'llama3':
+    fields.update(rope_extension='llama3', extension_factor=float(scaling['factor']), original_length=original,
+                  llama3_low_frequency_factor=float(scaling['low_freq_factor']),
+                  llama3_high_frequency_factor=float(scaling['high_freq_factor']))
+  elif kind == 'longrope':
+    fields.update(rope_extension='longrope', extension_factor=max(1.0, (longest or original) / original),
+                  original_length=original,
+                  longrope_short_factors=' '.join(str(float(f)) for f in scaling['short_factor']),
+                  longrope_long_factors=' '.join(str(float(f)) for f in scaling['long_factor']),
+                  longrope_attention_factor=float(scaling.get('attention_factor') or 0.0), longrope_by_length=True)
+  elif kind != 'default':
+    raise PretrainedError(f'config.json: rope scaling type {kind!r}; valid: {", ".join(ROPE_TYPES)} (dynamic NTK\'s '
+                          'factor by the whole sequence is not the per-query one this library computes)')
+  return transformer.PositionConfig('rope', **fields)
 
 
 def model_config(hf_config: dict) -> transformer.ModelConfig:
@@ -80,7 +104,7 @@ def model_config(hf_config: dict) -> transformer.ModelConfig:
       num_encoder_layers=0, num_decoder_layers=hf_config['num_hidden_layers'], dropout_rate=0.0, activation='swiglu',
       norm='pre', norm_type='rmsnorm', layer_norm_eps=float(hf_config['rms_norm_eps']), use_bias=False,
       qkv_bias=qkv_bias, tie_embeddings=bool(hf_config.get('tie_word_embeddings', False)), scale_embeddings=False,
-      position=transformer.PositionConfig('rope', rope_base=_rope_theta(hf_config)))
+      position=rope_position(hf_config))
 
 
 def weight_files(folder: str) -> list:
