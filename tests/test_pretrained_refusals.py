@@ -1,0 +1,42 @@
+"""What the checkpoints' import refuses (experiments/pretrained/), each by name with what would be valid: these need
+no PyTorch, unlike tests/test_pretrained.py's comparisons."""
+
+import pytest
+
+from experiments.pretrained import gguf_file, hugging_face
+
+
+def test_unsupported_sources_are_refused_by_name(tmp_path):
+  with pytest.raises(hugging_face.PretrainedError, match=r'has no config.json'):
+    hugging_face.load(str(tmp_path))
+  base = dict(num_attention_heads=4, hidden_size=64, intermediate_size=96, vocab_size=10, num_hidden_layers=1,
+              rms_norm_eps=1e-5)
+  with pytest.raises(hugging_face.PretrainedError,
+                     match=r"architectures: got \['BertModel'\]; valid: one of LlamaForCausalLM, MistralForCausalLM"):
+    hugging_face.model_config({**base, 'architectures': ['BertModel']})
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'yarn': transformers ramps"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'yarn'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'dynamic'; valid: default, linear"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'type': 'dynamic'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
+
+
+def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_is_refused_by_name():
+  class Field:
+    def __init__(self, value):
+      self.value = value
+
+    def contents(self):
+      return self.value
+
+  class Reader:
+    def __init__(self, **fields):
+      self.fields = {name.replace('__', '.'): Field(value) for name, value in fields.items()}
+      self.tensors = []
+
+  with pytest.raises(hugging_face.PretrainedError, match=r"general.architecture: got 'gemma'; valid: llama"):
+    gguf_file.model_config(Reader(general__architecture='gemma'))
+  with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.type: got 'yarn'; valid here: none"):
+    gguf_file.model_config(Reader(general__architecture='llama', llama__embedding_length=64,
+                                  llama__attention__head_count=4, llama__rope__scaling__type='yarn'))
