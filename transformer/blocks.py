@@ -91,7 +91,8 @@ class TransformerLayer(nn.Module):
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index,
                        num_kv_heads=config.key_value_heads),
         name='position')
-    attention = dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads, dropout_rate=config.attention_dropout_rate,
+    attention = dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads,
+                     dropout_rate=config.attention_dropout_rate,
                      block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
                      implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
                      out_bias=config.use_bias)

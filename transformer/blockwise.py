@@ -55,7 +55,8 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   key_block_size keys at a time (None: all the keys the query block may see, in one block).
 
   query B x Lq x H x K, key B x Lk x G x K, value B x Lk x G x V (the layout of
-  jax.nn.dot_product_attention; query head h reads key and value head h // (H / G)); mask (True = attend) broadcasts to B x H x Lq x Lk.
+  jax.nn.dot_product_attention; query head h reads key and value head h // (H / G)); mask (True = attend)
+  broadcasts to B x H x Lq x Lk.
   logits_term(query_block, q_slice, k_slice) -> a term broadcastable to B x H x bq x bk, or None.
   values_term(p_BxHxbqxbk, q_slice, k_slice) -> B x bq x H x V, or None; it must be linear in p,
   since it receives unnormalised, running-max-shifted weights (Shaw's a^V term is).

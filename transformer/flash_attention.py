@@ -9,10 +9,10 @@ block by block: bq queries at a time, looping over blocks of bk keys with an onl
 B x H x Lq x Lk. The term t_h is a KernelTerm: a function of one head's few parameters and the
 positions of the block's queries and keys, evaluated inside the kernel (the idea of PyTorch's
 FlexAttention score_mod); it may also read one number per (batch, head, token) of the queries and of
-the keys (FoX's cumulative log forget gates c_i and c_j), differentiably. With grouped-query attention (G key and value heads for H query heads) query head h reads
-key and value head h // (H / G) through the blocks' index maps, never a repeated copy; the key and value
-gradients are formed per query head and summed over each group. Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each
-row's log-sum-exp; one kernel per key block accumulates dK, dV and the term's parameter gradient
+the keys (FoX's cumulative log forget gates c_i and c_j), differentiably. With grouped-query attention
+(G key and value heads for H query heads) query head h reads key and value head h // (H / G) through the
+blocks' index maps, never a repeated copy; the key and value gradients are formed per query head and summed
+over each group. Gradients are FlashAttention-2's (Dao 2023): the forward pass keeps each row's log-sum-exp; one kernel per key block accumulates dK, dV and the term's parameter gradient
 (the vjp of the term on each block, traced inside the kernel) and the keys' data gradient, one per query
 block accumulates dQ and the queries' data gradient.
 

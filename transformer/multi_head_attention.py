@@ -99,9 +99,9 @@ class MultiHeadAttention(nn.Module):
     if is_self_attention:  # one matmul of width D + 2 G K instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype
-      qkv_BxLxW = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
+      qkv_BxLxO = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
                          jnp.concatenate(biases).astype(dtype) if self.qkv_bias else None)
-      query, key, value = jnp.split(qkv_BxLxW, [width, width + key_value_width], axis=-1)
+      query, key, value = jnp.split(qkv_BxLxO, [width, width + key_value_width], axis=-1)
       return (split_heads(query, self.num_heads), split_heads(key, self.key_value_heads),
               split_heads(value, self.key_value_heads))
     query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)

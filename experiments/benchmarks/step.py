@@ -9,8 +9,8 @@
 Reference config (decoder-only LM, float32, one AdamW step): vocabulary 256, d_model 256, 4 layers,
 4 heads, d_ff 1024. Each (variant, length) runs in its own subprocess, so compile caches and peak
 memory do not leak between rows; --num_kv_heads gives each (variant, length) a row per count of key and
-value heads (grouped-query attention; 0: num_heads, multi-head). Reported: compile time; step time (median, min, max over --steps
-timed steps after --warmup); tokens/s; model FLOPs utilisation against a float32 matmul peak
+value heads (grouped-query attention; 0: num_heads, multi-head). Reported: compile time; step time (median,
+min, max over --steps timed steps after --warmup); tokens/s; model FLOPs utilisation against a float32 matmul peak
 measured in each row's own process right after its timed steps (so a busy machine lowers both,
 and MFU never divides by a peak measured at another moment), or against --peak_flops, the device's stated
 dense peak for the dtype; peak memory (device memory on an accelerator, resident memory on a CPU); the

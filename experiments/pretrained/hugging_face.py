@@ -44,7 +44,8 @@ def read_config(folder: str) -> dict:
 def architecture(hf_config: dict) -> str:
   names = hf_config.get('architectures') or []
   if len(names) != 1 or names[0] not in SUPPORTED_ARCHITECTURES:
-    raise PretrainedError(f'config.json: architectures: got {names}; valid: one of {", ".join(SUPPORTED_ARCHITECTURES)}')
+    raise PretrainedError(f'config.json: architectures: got {names}; valid: one of '
+                          f'{", ".join(SUPPORTED_ARCHITECTURES)}')
   return names[0]
 
 
@@ -65,8 +66,8 @@ def rope_position(hf_config: dict) -> transformer.PositionConfig:
     fields.update(rope_extension='pi', extension_factor=float(scaling['factor']))
   elif kind == 'yarn':
     raise PretrainedError('config.json: rope scaling type \'yarn\': transformers ramps YaRN\'s blend over dimension '
-                          'indices, truncated (the authors\' code), this library over rotations (the paper\'s gamma(r)); '
-                          f'valid here: {", ".join(ROPE_TYPES)}')
+                          'indices, truncated (the authors\' code), this library over rotations (the paper\'s '
+                          f'gamma(r)); valid here: {", ".join(ROPE_TYPES)}')
   elif kind == 'llama3':
     fields.update(rope_extension='llama3', extension_factor=float(scaling['factor']), original_length=original,
                   llama3_low_frequency_factor=float(scaling['low_freq_factor']),

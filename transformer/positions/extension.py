@@ -230,7 +230,8 @@ def dynamic_ntk_logits(query_BxLqxHxK: chex.Array, key_BxLkxGxK: chex.Array, q_p
     return rows[..., 0], rows[..., 1]
 
   (q_even, q_odd), (k_even, k_odd) = pairs(query_BxLqxHxK, heads // groups), pairs(key_BxLkxGxK, 1)
-  q_even, q_odd, k_even, k_odd = q_even[..., None, :], q_odd[..., None, :], k_even[..., None, :, :], k_odd[..., None, :, :]
+  q_even, q_odd = q_even[..., None, :], q_odd[..., None, :]  # against every key
+  k_even, k_odd = k_even[..., None, :, :], k_odd[..., None, :, :]  # for every query
   real = q_even * k_even + q_odd * k_odd
   imaginary = q_odd * k_even - q_even * k_odd
   rotated = real * jnp.cos(angle_Bx1x1xLqxLkxP) - imaginary * jnp.sin(angle_Bx1x1xLqxLkxP)

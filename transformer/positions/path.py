@@ -5,8 +5,8 @@ Between a key and a query the positions are the data-dependent reflections of th
 
   e_ij = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(d),   H_s = I - beta_s w_s w_s^T,
 
-per key head (with grouped-query attention the query heads of a group share their key head's reflections, as
-flash-linear-attention's layer has it), w_s = the unit vector of W_w x_s (W_w of rank 32, as flash-linear-attention's layer has it) and
+per key head (with grouped-query attention the query heads of a group share their key head's reflections),
+w_s = the unit vector of W_w x_s (W_w of rank 32; both as flash-linear-attention's layer has them) and
 beta_s = 2 sigmoid(u . x_s + b) in (0, 2) (so H_s may flip a direction), from the layer's input x_s. A
 direct product costs O(L^2 d^2) per head (L^2 matrices); here the query is carried backwards over the
 keys instead, v_i <- H_s v_i once key s is read, which costs O(L^2 d). The keys go in chunks of 64, each

@@ -89,7 +89,8 @@ def stick_breaking_blockwise(query_BxHxLqxK, key_BxGxLkxK, value_BxGxLkxV, allow
                              block_size: int, key_block_size: Optional[int], skip_future_blocks: bool) -> chex.Array:
   """sum_j A_ij v_j in blocks of block_size queries, each over blocks of key_block_size keys (None: one) from
   the last the block sees to the first, carrying the sum of log(1 - beta) of the keys passed: B x H x Lq x V.
-  Query head h reads key and value head h // (H / G). allowed: the mask broadcastable to B x H x Lq x Lk, the own position already removed where it must be."""
+  Query head h reads key and value head h // (H / G). allowed: the mask broadcastable to B x H x Lq x Lk, the own
+  position already removed where it must be."""
   batch, heads, length_q, _ = query_BxHxLqxK.shape
   length_k = key_BxGxLkxK.shape[2]
   outputs = []
