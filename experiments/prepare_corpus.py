@@ -9,7 +9,9 @@ each .jsonl line's --text_field. Each document goes to the held-out split when t
 read as a fraction of 2^64, is below --heldout_fraction: adding documents never moves others.
 
 --tokenizer=bytes needs no training; --tokenizer=bpe trains a byte-level BPE of --vocab_size tokens with
-Hugging Face tokenizers on the first --tokenizer_sample_bytes of training documents. Documents are then
+Hugging Face tokenizers on the first --tokenizer_sample_bytes of training documents; --tokenizer=PATH takes a
+pretrained model's own byte-level BPE, from its tokenizer.json or its GGUF file, so that the model is scored in
+bits per byte on this text (its <|endoftext|> or <|end_of_text|> token is the EOD). Documents are then
 streamed through it (memory holds one batch of documents) into train.bin and heldout.bin with EOD after
 each; manifest.json records the inputs and their SHA-256, the tokenizer's, the counts and the command
 (experiments/data/corpus.py describes the folder). Everything is written to a temporary folder beside
@@ -26,12 +28,15 @@ from absl import flags
 from experiments.data import corpus as corpus_format
 from experiments.data import corpus_writer
 from experiments.data import documents as documents_lib
-from experiments.data.corpus_tokenizer import KINDS, LARGEST_BPE, SMALLEST_BPE, ByteTokenizer
+from experiments.data.corpus_tokenizer import KINDS, LARGEST_BPE, SMALLEST_BPE, BpeTokenizer, ByteTokenizer
+from experiments.pretrained import gguf_file
 from experiments.shared import cli
+from experiments.shared.files import sha256_of_file
 
 _INPUT = flags.DEFINE_multi_string('input', None, 'A file, folder or glob of .txt/.jsonl (.gz/.xz) text; repeatable.')
 _OUTPUT = flags.DEFINE_string('output', None, 'The folder to write (new, or empty).')
-_TOKENIZER = flags.DEFINE_string('tokenizer', 'bpe', f'One of {", ".join(KINDS)}.')
+_TOKENIZER = flags.DEFINE_string('tokenizer', 'bpe', f'One of {", ".join(KINDS)}, or the path of a pretrained model\'s '
+                                 'tokenizer.json or GGUF file.')
 _VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 8192, 'BPE vocabulary size, EOD included.')
 _HELDOUT = flags.DEFINE_float('heldout_fraction', 0.05, 'The fraction of documents held out, by hash of their text.')
 _SEPARATOR = flags.DEFINE_string('separator', '', 'Split .txt files into documents on this string (Python escapes '
@@ -61,6 +66,26 @@ def _dtype(requested: str, vocab_size: int) -> str:
   return requested if requested != 'auto' else ('uint16' if fits else 'uint32')
 
 
+def pretrained_tokenizer(path: str) -> dict:
+  """{'text': tokenizer.json's text, 'path', 'sha256' of the file} of a pretrained model's byte-level BPE: its
+  tokenizer.json, or rebuilt from its GGUF file's metadata."""
+  if not os.path.isfile(path):
+    raise cli.CommandError(f'--tokenizer: got {path!r}, neither a file nor one of {", ".join(KINDS)}; valid: '
+                           f'{", ".join(KINDS)}, or a pretrained model\'s tokenizer.json or .gguf file')
+  try:
+    if path.endswith('.gguf'):
+      from gguf import GGUFReader  # pylint: disable=g-import-not-at-top
+      text = gguf_file.tokenizer_json(GGUFReader(path))
+    else:
+      with open(path, encoding='utf-8') as file:
+        text = file.read()
+    BpeTokenizer.from_str(text)
+  except Exception as error:  # pylint: disable=broad-except  (tokenizers and gguf raise their own types)
+    raise cli.CommandError(f'--tokenizer: {path}: {" ".join(str(error).split())[:200]}; valid: a byte-level BPE\'s '
+                           f'tokenizer.json, or a GGUF file of one') from None
+  return dict(text=text, path=os.path.abspath(path), sha256=sha256_of_file(path))
+
+
 def check_flags() -> dict:
   """Every flag, checked before anything is read or written."""
   if not _INPUT.value:
@@ -72,9 +97,9 @@ def check_flags() -> dict:
   if os.path.isdir(output) and os.listdir(output):
     raise cli.CommandError(f'--output: got {output!r}, a folder that is not empty; valid: a new or empty folder '
                            f'(a prepared corpus is never rewritten)')
-  if _TOKENIZER.value not in KINDS:
-    raise cli.CommandError(f'--tokenizer: got {_TOKENIZER.value!r}; valid: {", ".join(KINDS)}')
-  vocab_size = ByteTokenizer.vocab_size if _TOKENIZER.value == 'bytes' else _VOCAB_SIZE.value
+  pretrained = _TOKENIZER.value not in KINDS and pretrained_tokenizer(_TOKENIZER.value)
+  vocab_size = (ByteTokenizer.vocab_size if _TOKENIZER.value == 'bytes' else
+                BpeTokenizer.from_str(pretrained['text']).vocab_size if pretrained else _VOCAB_SIZE.value)
   if _TOKENIZER.value == 'bpe' and not SMALLEST_BPE <= vocab_size <= LARGEST_BPE:
     raise cli.CommandError(f'--vocab_size: got {vocab_size}; valid: {SMALLEST_BPE} (the bytes and EOD) to {LARGEST_BPE} '
                            f'(2^20, four times the largest vocabularies in use: the BPE trainer\'s memory grows with '
@@ -87,7 +112,11 @@ def check_flags() -> dict:
     raise cli.CommandError(f'--tokenizer_sample_bytes: got {_SAMPLE.value}; valid: a positive number of bytes')
   if not _TEXT_FIELD.value:
     raise cli.CommandError('--text_field: empty; valid: the name of the .jsonl field that holds the text')
-  return dict(output=output, tokenizer=_TOKENIZER.value, vocab_size=vocab_size, dtype=_dtype(_DTYPE.value, vocab_size),
+  if pretrained and _VOCAB_SIZE.present:
+    raise cli.CommandError(f'--vocab_size: got {_VOCAB_SIZE.value} with --tokenizer={_TOKENIZER.value}, whose '
+                           f'vocabulary is {vocab_size}; valid: --vocab_size only with --tokenizer=bpe')
+  return dict(output=output, tokenizer='pretrained' if pretrained else _TOKENIZER.value, pretrained=pretrained or None,
+              vocab_size=vocab_size, dtype=_dtype(_DTYPE.value, vocab_size),
               heldout_fraction=_HELDOUT.value, separator=_separator(_SEPARATOR.value), text_field=_TEXT_FIELD.value,
               errors=_ERRORS.value, tokenizer_sample_bytes=_SAMPLE.value)
 

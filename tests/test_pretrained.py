@@ -105,35 +105,6 @@ def smollm2_gguf(tmp_path_factory):
   return folder / GGUF_MEMBER
 
 
-@pytest.mark.slow
-def test_smollm2_from_its_gguf_gives_transformers_logits_on_shakespeare(smollm2_gguf):
-  """A real pretrained model: SmolLM2-135M-Instruct (30 layers, 9 heads over 3 key and value heads, tied embeddings,
-  RoPE base 100000) read from its GGUF file and dequantized, on 512 tokens of held-out Shakespeare tokenized by its
-  own tokenizer: the logits of transformers' own GGUF loading, and so the same loss."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
-  config, params = gguf_file.load(str(smollm2_gguf))
-  assert (config.num_decoder_layers, config.num_heads, config.key_value_heads, config.vocab_size) == (30, 9, 3, 49152)
-  assert config.tie_embeddings and config.position.settings.rope_base == 100000.0
-  folder, name = str(smollm2_gguf.parent), smollm2_gguf.name
-  tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-  text = lzma.open(SHAKESPEARE_HELDOUT, 'rt', encoding='latin-1').read()[5000:9000]
-  ids = tokenizer(text, return_tensors='np')['input_ids'][:, :LENGTH]
-  assert ids.shape == (1, LENGTH)
-  theirs_model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-  with torch.no_grad():
-    theirs = theirs_model(torch.tensor(ids)).logits.numpy()
-  ours = np.asarray(jax.jit(T.DecoderOnly(config).apply)(params, ids))
-  np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5 * np.abs(theirs).max())
-
-  def loss(logits):
-    shifted = logits[0, :-1] - logits[0, :-1].max(-1, keepdims=True)
-    log_probabilities = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    return -np.take_along_axis(log_probabilities, ids[0, 1:, None], -1).mean()
-  assert abs(loss(ours) - loss(theirs)) < 1e-4
-  assert loss(ours) < np.log(config.vocab_size) / 2  # far below a uniform guess: the weights are the model's
-
-
 ROPE_SCALINGS = {
     'linear': {'factor': 4.0},
     'llama3': {'factor': 8.0, 'original_max_position_embeddings': 128, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
@@ -150,3 +121,57 @@ def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_le
   config = _compare(_tiny('LlamaForCausalLM', rope_parameters=parameters, max_position_embeddings=1024), tmp_path)
   expected = {'linear': 'pi'}.get(kind, kind)
   assert config.position.settings.rope_extension == expected
+
+
+
+@pytest.mark.slow
+def test_smollm2_imported_from_its_gguf_gives_transformers_tokens_and_logits(smollm2_gguf, tmp_path):
+  """A real pretrained model: SmolLM2-135M-Instruct (30 layers, 9 heads over 3 key and value heads, tied embeddings,
+  RoPE base 100000), dequantized from its GGUF file and imported as a run with a corpus of its own tokenizer.
+  - The tokenizer rebuilt from the file (tokenizer.ggml.*, pre 'smollm') gives transformers' own GGUF tokenizer's ids
+    on text without digits (transformers drops the digit split that llama.cpp's smollm applies: there every digit
+    is a token).
+  - The run's logits on 512 tokens of held-out Shakespeare are those of transformers' own GGUF loading, and so is
+    the loss, far below a uniform guess's."""
+  from gguf import GGUFReader  # pylint: disable=g-import-not-at-top
+  from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+  from experiments import load_run  # pylint: disable=g-import-not-at-top
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+  from tests.test_import_checkpoint import command  # pylint: disable=g-import-not-at-top
+  folder, name = str(smollm2_gguf.parent), smollm2_gguf.name
+  ours = Tokenizer.from_str(gguf_file.tokenizer_json(GGUFReader(str(smollm2_gguf))))
+  theirs = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  text = lzma.open(SHAKESPEARE_HELDOUT, 'rt', encoding='latin-1').read()[:100000]
+  text = ''.join(character for character in text if not character.isdigit())
+  ids = ours.encode(text, add_special_tokens=False).ids
+  assert ids == theirs(text, add_special_tokens=False)['input_ids']
+  assert [ours.id_to_token(i) for i in ours.encode('in 2024', add_special_tokens=False).ids] == [
+      'in', 'Ġ', '2', '0', '2', '4']
+  texts = tmp_path / 'texts'
+  texts.mkdir()
+  for index in range(6):
+    (texts / f'{index}.txt').write_text(text[index * 16000:(index + 1) * 16000], encoding='utf-8')
+  code, _, last = command('experiments.prepare_corpus', f'--input={texts}', f'--output={tmp_path / "corpus"}',
+                          f'--tokenizer={smollm2_gguf}', '--heldout_fraction=0.4')
+  assert code == 0, last
+  code, _, last = command('experiments.import_checkpoint', f'--source={smollm2_gguf}',
+                          f'--corpus={tmp_path / "corpus"}', f'--workdir={tmp_path / "run"}')
+  assert code == 0, last
+  model, variables, tokenizer = load_run(str(tmp_path / 'run'))
+  config = model.config
+  assert (config.num_decoder_layers, config.num_heads, config.key_value_heads, config.vocab_size) == (30, 9, 3, 49152)
+  assert config.tie_embeddings and config.position.settings.rope_base == 100000.0
+  assert tokenizer.encode(text[:2000]).ids == ids[:len(tokenizer.encode(text[:2000]).ids)]
+  prompt = np.asarray([ids[1000:1000 + LENGTH]])
+  theirs_model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+  with torch.no_grad():
+    expected = theirs_model(torch.tensor(prompt)).logits.numpy()
+  got = np.asarray(model.apply(variables, prompt))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+
+  def loss(logits):
+    shifted = logits[0, :-1] - logits[0, :-1].max(-1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return -np.take_along_axis(log_probabilities, prompt[0, 1:, None], -1).mean()
+  assert abs(loss(got) - loss(expected)) < 1e-4
+  assert loss(got) < np.log(config.vocab_size) / 2  # far below a uniform guess: the weights are the model's

@@ -1,15 +1,18 @@
 """A corpus's tokenizer: raw UTF-8 bytes, or a byte-level BPE (Sennrich et al. 2016, on bytes as GPT-2)
-trained offline with Hugging Face `tokenizers`. Either has one special token, EOD, written after every
-document.
+trained offline with Hugging Face `tokenizers`, or a pretrained model's own byte-level BPE (its tokenizer.json:
+GPT-2's, SmolLM2's, Llama 3's, Qwen2's). Each has one token, EOD, written after every document.
 
 token_bytes() gives each token's length in UTF-8 bytes, so that a loss in bits per token becomes bits
 per byte, a score that compares across tokenizers: bits_per_byte = sum of -log2 p(token) / sum of the
 tokens' bytes. EOD stands for the boundary between two documents and counts as one byte.
 """
 
+import json
+
 import numpy as np
 
 EOD_TOKEN = '<|endoftext|>'
+EOD_TOKENS = (EOD_TOKEN, '<|end_of_text|>')  # the first a tokenizer has is its EOD (Llama 3 names it the second way)
 KINDS = ('bytes', 'bpe')
 SMALLEST_BPE = 257  # the 256 bytes and EOD
 LARGEST_BPE = 1 << 20  # four times the largest vocabularies in use (262,144); the BPE trainer's memory grows with it
@@ -42,11 +45,16 @@ class BpeTokenizer:
   def __init__(self, tokenizer):
     self.tokenizer = tokenizer
     self.vocab_size = tokenizer.get_vocab_size()
-    self.eod = tokenizer.token_to_id(EOD_TOKEN)
+    found = [tokenizer.token_to_id(token) for token in EOD_TOKENS if tokenizer.token_to_id(token) is not None]
+    self.eod = found[0] if found else None
     # A document's text that spells the EOD token is text, not a document boundary.
     tokenizer.encode_special_tokens = True
     if self.eod is None:
-      raise ValueError(f'tokenizer: no {EOD_TOKEN} token; valid: a tokenizer.json written by prepare_corpus')
+      raise ValueError(f'tokenizer: no {" or ".join(EOD_TOKENS)} token; valid: a byte-level BPE with one of them')
+    decoder = json.loads(tokenizer.to_str()).get('decoder') or {}
+    if 'ByteLevel' not in {decoder.get('type'), *(part.get('type') for part in decoder.get('decoders', []))}:
+      raise ValueError(f'tokenizer: its decoder is {decoder.get("type")!r}; valid: a byte-level BPE (decoder '
+                       'ByteLevel), whose tokens count their bytes one per character')
 
   @classmethod
   def train(cls, documents, vocab_size: int) -> 'BpeTokenizer':

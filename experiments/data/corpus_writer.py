@@ -128,7 +128,9 @@ def _manifest(inputs: list, settings: dict, command: str, tokenizer, tokenizer_t
                    heldout_fraction=settings['heldout_fraction'], split_by='sha256 of the document text'),
       tokenizer=dict(kind=tokenizer.kind, vocab_size=tokenizer.vocab_size, sha256=tokenizer_sha256,
                      requested_vocab_size=settings['vocab_size'],
-                     sample_bytes=settings['tokenizer_sample_bytes'] if tokenizer.kind == 'bpe' else 0),
+                     sample_bytes=settings['tokenizer_sample_bytes'] if settings['tokenizer'] == 'bpe' else 0,
+                     **({'pretrained': {key: settings['pretrained'][key] for key in ('path', 'sha256')}}
+                        if settings.get('pretrained') else {})),
       dtype=settings['dtype'], eod=tokenizer.eod, splits=splits,
       identity=corpus_format.identity(tokenizer_sha256, {s: e['sha256'] for s, e in splits.items()},
                                       settings['dtype'], tokenizer.eod))
@@ -169,9 +171,12 @@ def prepare(files: list[str], settings: dict, command: str) -> dict:
   started = time.monotonic()
   temporary = f'{output}.partial'
   with _claimed(temporary, output):
-    tokenizer = _train_tokenizer(files, settings) if settings['tokenizer'] == 'bpe' else ByteTokenizer()
+    if settings['tokenizer'] == 'pretrained':
+      tokenizer = BpeTokenizer.from_str(settings['pretrained']['text'])
+    else:
+      tokenizer = _train_tokenizer(files, settings) if settings['tokenizer'] == 'bpe' else ByteTokenizer()
     tokenizer_text = tokenizer.to_str()
-    if settings['tokenizer'] == 'bpe':
+    if tokenizer.kind == 'bpe':
       write_text_atomically(os.path.join(temporary, corpus_format.TOKENIZER_FILE), tokenizer_text)
     splits = write_corpus(temporary, files, tokenizer, settings)
     total_documents = sum(entry['documents'] for entry in splits.values())

@@ -8,6 +8,11 @@ James Bible and of the Reina-Valera 1909 (experiments/data/bible/, decoded from 
 verse per line under a 'Book chapter' heading per chapter). They are written as .txt files under a
 scratch folder and prepared there by experiments.prepare_corpus with the flags below (relative paths, so
 the manifest's command is the same on every machine), then moved to experiments/data/corpus/.
+
+  python -m experiments.data.prepare_default_corpus --tokenizer=MODEL.gguf --output=corpora/shipped-MODEL
+
+prepares the same documents, split the same way, with a pretrained model's own tokenizer (its tokenizer.json or
+GGUF file; experiments/prepare_corpus.py), for scoring that model on them in bits per byte.
 """
 
 import argparse
@@ -47,7 +52,15 @@ def documents() -> dict[str, str]:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--output', default=OUTPUT)
+  parser.add_argument('--tokenizer', default='', help="a pretrained model's tokenizer.json or GGUF file (default: "
+                      'the shipped BPE of 4096 tokens, trained on the documents)')
   args = parser.parse_args()
+  flags = FLAGS
+  if args.tokenizer:
+    if not os.path.isfile(args.tokenizer):
+      sys.exit(f'error: --tokenizer: got {args.tokenizer!r}, which is not a file; valid: a tokenizer.json or .gguf')
+    flags = tuple(flag for flag in FLAGS if not flag.startswith(('--tokenizer=', '--vocab_size=')))
+    flags += (f'--tokenizer={os.path.abspath(args.tokenizer)}',)
   if os.path.exists(args.output):
     sys.exit(f'error: {args.output} exists; remove it first (a prepared corpus is never rewritten)')
   with tempfile.TemporaryDirectory() as scratch:
@@ -56,7 +69,7 @@ def main():
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, 'w', encoding='utf-8') as file:
         file.write(text)
-    subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *FLAGS], cwd=scratch, check=True,
+    subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *flags], cwd=scratch, check=True,
                    env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')])))
     shutil.move(os.path.join(scratch, 'corpus'), args.output)
   print(f'wrote {args.output}')

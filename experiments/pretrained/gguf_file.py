@@ -6,6 +6,10 @@ llama.cpp's converter stores each head's query and key rows in interleaved order
 row 2i + 1 its row i + d/2), which is this library's rotary layout (features 2i and 2i + 1 turn together): they
 are taken as they are. A file without `output.weight` ties the output to the token embedding. GGUF lists a matrix's
 dimensions fastest first; the package hands its rows as NumPy's (out x in), a Linear's weight.
+
+The file's tokenizer (tokenizer.ggml.*) of the gpt2 kind, a byte-level BPE, is rebuilt with Hugging Face
+`tokenizers`: its tokens, merges and control tokens, and the pre-tokenizer its `pre` names (llama.cpp's: smollm
+splits every digit before GPT-2's split).
 """
 
 from typing import Callable
@@ -13,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 import transformer
-from experiments.pretrained.hugging_face import PretrainedError
+from experiments.pretrained.hugging_face import PretrainedError, checked
 
 SUPPORTED_ARCHITECTURES = ('llama',)
 
@@ -53,8 +57,18 @@ def model_config(reader) -> transformer.ModelConfig:
       position=transformer.PositionConfig('rope', rope_base=float(_field(reader, 'llama.rope.freq_base', 10000.0))))
 
 
+def architecture(reader) -> str:
+  return str(_field(reader, 'general.architecture'))
+
+
+def context_length(reader) -> int:
+  """The context the model was trained at (llama.context_length)."""
+  return int(_field(reader, 'llama.context_length', 0))
+
+
 def tensor_reader(reader) -> Callable[[str], np.ndarray]:
-  """read(name) -> the tensor dequantized to float32, NumPy's (out x in) for a matrix."""
+  """read(name) -> the tensor dequantized to float32, NumPy's (out x in) for a matrix; PretrainedError for a
+  quantization type the gguf package cannot dequantize."""
   from gguf import quants  # pylint: disable=g-import-not-at-top
   tensors = {tensor.name: tensor for tensor in reader.tensors}
 
@@ -62,12 +76,29 @@ def tensor_reader(reader) -> Callable[[str], np.ndarray]:
     if name not in tensors:
       raise PretrainedError(f'the GGUF file has no tensor {name!r}')
     tensor = tensors[name]
-    return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    try:
+      return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    except NotImplementedError:
+      raise PretrainedError(f'{name}: quantization type {tensor.tensor_type.name}, which the gguf package cannot '
+                            'dequantize; valid: F32, F16, BF16, Q4_0, Q4_1, Q8_0 and the other types it '
+                            'implements') from None
   return read
+
+
+def gguf_shape(name: str, config: transformer.ModelConfig) -> tuple:
+  """The shape the file's metadata gives a llama tensor (out x in, as the package hands it)."""
+  width, vocabulary, hidden = config.model_dim, config.vocab_size, config.feed_forward_dim
+  queries, keys = config.num_heads * config.head_dim, config.key_value_heads * config.head_dim
+  table = {'attn_q.weight': (queries, width), 'attn_k.weight': (keys, width), 'attn_v.weight': (keys, width),
+           'attn_output.weight': (width, queries), 'ffn_gate.weight': (hidden, width),
+           'ffn_up.weight': (hidden, width), 'ffn_down.weight': (width, hidden),
+           'token_embd.weight': (vocabulary, width), 'output.weight': (vocabulary, width)}
+  return table.get('.'.join(name.rsplit('.', 2)[-2:]), (width,))
 
 
 def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -> dict:
   """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors (llama.cpp's names)."""
+  read = checked(read, lambda name: gguf_shape(name, config), 'the file\'s metadata')
   layers = {}
   for index in range(config.num_decoder_layers):
     block = f'blk.{index}'
@@ -86,6 +117,32 @@ def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelCon
     embedding['output'] = {'kernel': read('output.weight').T}
   return {'params': {'decoder': {**layers, 'final_norm': {'scale': read('output_norm.weight')}},
                      'embedding': embedding}}
+
+
+# tokenizer.ggml.pre -> whether digits are split one by one before GPT-2's split (llama.cpp's pre-tokenizers).
+BYTE_LEVEL_PRE = {'gpt2': False, 'smollm': True, 'starcoder': True}
+CONTROL = 3  # tokenizer.ggml.token_type of a control (special) token
+
+
+def tokenizer_json(reader) -> str:
+  """The file's tokenizer as Hugging Face tokenizers' JSON; PretrainedError for a kind not rebuilt here."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  kind, pre = _field(reader, 'tokenizer.ggml.model', ''), _field(reader, 'tokenizer.ggml.pre', 'default')
+  if kind != 'gpt2' or pre not in BYTE_LEVEL_PRE:
+    raise PretrainedError(f'tokenizer.ggml.model: got {kind!r} with pre {pre!r}; valid: gpt2 (a byte-level BPE) with '
+                          f'pre {", ".join(BYTE_LEVEL_PRE)}')
+  tokens = [str(token) for token in _field(reader, 'tokenizer.ggml.tokens')]
+  merges = [tuple(str(merge).split(' ')) for merge in _field(reader, 'tokenizer.ggml.merges')]
+  tokenizer = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=merges,
+                                   fuse_unk=False, byte_fallback=False))
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  tokenizer.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                             if BYTE_LEVEL_PRE[pre] else byte_level)
+  tokenizer.decoder = decoders.ByteLevel()
+  types = list(_field(reader, 'tokenizer.ggml.token_type', [1] * len(tokens)))
+  tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                for token, kind in zip(tokens, types) if int(kind) == CONTROL])
+  return tokenizer.to_str()
 
 
 def load(path: str) -> tuple[transformer.ModelConfig, dict]:

@@ -135,10 +135,18 @@ class Tensors:
   def __init__(self, folder: str):
     self.where = {}
     for path in weight_files(folder):
-      header, start = _header(path)
-      for name, entry in header.items():
-        if name != '__metadata__':
-          self.where[name] = (path, start, entry)
+      try:
+        header, start = _header(path)
+      except (ValueError, UnicodeDecodeError) as error:
+        raise PretrainedError(f'{path}: its header does not read ({" ".join(str(error).split())[:120]}); valid: a '
+                              'complete safetensors file') from None
+      entries = {name: entry for name, entry in header.items() if name != '__metadata__'}
+      needed = start + max((entry['data_offsets'][1] for entry in entries.values()), default=0)
+      if os.path.getsize(path) < needed:
+        raise PretrainedError(f'{path}: truncated ({os.path.getsize(path)} bytes, its header describes {needed}); '
+                              'valid: the complete file')
+      for name, entry in entries.items():
+        self.where[name] = (path, start, entry)
 
   def names(self) -> list:
     return sorted(self.where)
@@ -173,9 +181,35 @@ def _per_head(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
   return rows_NxI.reshape(heads, head_dim, *rows_NxI.shape[1:])[:, order].reshape(rows_NxI.shape)
 
 
+def checked(read: Callable[[str], np.ndarray], shape_of: Callable[[str], tuple], where: str):
+  """read(name), refusing a tensor whose shape is not shape_of(name), the one the config gives."""
+
+  def read_checked(name: str) -> np.ndarray:
+    array = read(name)
+    if tuple(array.shape) != tuple(shape_of(name)):
+      raise PretrainedError(f'{name}: shape {tuple(array.shape)}; valid: {tuple(shape_of(name))}, the shape {where} '
+                            'gives it')
+    return array
+  return read_checked
+
+
+def llama_shape(name: str, config: transformer.ModelConfig) -> tuple:
+  """The shape config.json gives a Llama-layout tensor (a Linear's weight out x in)."""
+  width, vocabulary, hidden = config.model_dim, config.vocab_size, config.feed_forward_dim
+  queries, keys = config.num_heads * config.head_dim, config.key_value_heads * config.head_dim
+  leaf = name.rsplit('.', 2)
+  table = {'q_proj.weight': (queries, width), 'k_proj.weight': (keys, width), 'v_proj.weight': (keys, width),
+           'o_proj.weight': (width, queries), 'q_proj.bias': (queries,), 'k_proj.bias': (keys,),
+           'v_proj.bias': (keys,), 'gate_proj.weight': (hidden, width), 'up_proj.weight': (hidden, width),
+           'down_proj.weight': (width, hidden), 'embed_tokens.weight': (vocabulary, width),
+           'lm_head.weight': (vocabulary, width)}
+  return table.get('.'.join(leaf[-2:]), (width,))  # the norms' scales
+
+
 def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -> dict:
   """{'params': ...} of transformer.DecoderOnly(config) from the Llama layout's tensors, read(name) each."""
   heads, kv_heads, head_dim = config.num_heads, config.key_value_heads, config.head_dim
+  read = checked(read, lambda name: llama_shape(name, config), 'config.json')
 
   def linear(name):
     return read(f'{name}.weight').T

@@ -25,6 +25,7 @@ from absl import logging
 import transformer
 from experiments.data.manifest import DataError
 from experiments.runs.run_record import INIT_FROM_FILE
+from experiments.shared import files as shared_files
 from experiments.shared.files import sha256_of_file, write_json_atomically
 from experiments.tasks import TASKS
 from experiments.tasks.base import TaskSettings
@@ -217,16 +218,47 @@ def load_run_with_step(workdir: str):
   return model_config, task, restore_params(workdir, step), step
 
 
-def run_model(workdir: str):
-  """(model config, task) under the run's configuration (config.json with its recorded changes),
-  attention implementation and pattern included: what the run trained."""
+def _recorded_model(workdir: str) -> tuple[dict, transformer.ModelConfig]:
+  """(the run's configuration, its model config); a ValueError when an imported run's source has changed since."""
   from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
   resolved = run_record.stored_config(workdir)
   if resolved is None:
     raise FileNotFoundError(f'{workdir}/{run_record.CONFIG_FILE}: missing; valid: the --workdir of a training run')
+  imported = resolved.get('source')
+  if imported:
+    folder = imported['path'] if imported['format'] != 'gguf' else os.path.dirname(imported['path'])
+    changed = shared_files.changed_files(folder, imported['files'])
+    if changed:
+      raise ValueError(f'{workdir}: its source {imported["path"]} has changed since it was imported '
+                       f'({", ".join(changed[:3])} differ from their recorded SHA-256); valid: the files it was '
+                       f'imported from, or a new import of them into a new --workdir')
   model_fields = dict(resolved['model'])
   model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
                                          **model_fields)
+  return resolved, model_config
+
+
+def load_model(workdir: str):
+  """(model, variables, tokenizer) of a run, trained here or imported (experiments/import_checkpoint.py): the Flax
+  module, {'params': ...} of its newest checkpoint, so that model.apply(variables, tokens_BxL) gives the logits,
+  and its Hugging Face tokenizers.Tokenizer (the run's tokenizer.json, else its corpus's; None for a run of
+  characters, bytes or symbols). Reads no training data."""
+  resolved, config = _recorded_model(workdir)
+  params = restore_params(workdir, newest_intact_step(workdir))
+  tokenizer = None
+  for folder in (workdir, resolved['task'].get('path') or ''):
+    path = os.path.join(folder, 'tokenizer.json')
+    if folder and os.path.isfile(path):
+      from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+      tokenizer = Tokenizer.from_file(path)
+      break
+  return transformer.build_model(config, resolved['task']['model_kind']), {'params': params}, tokenizer
+
+
+def run_model(workdir: str):
+  """(model config, task) under the run's configuration (config.json with its recorded changes),
+  attention implementation and pattern included: what the run trained."""
+  resolved, model_config = _recorded_model(workdir)
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
   task = TASKS[task_fields['name']](TaskSettings(**task_fields))
   recorded = resolved.get('data', {}).get('identity')

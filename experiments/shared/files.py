@@ -73,6 +73,32 @@ def sha256_of_file(path: str) -> str:
   return digest.hexdigest()
 
 
+def describe_files(folder: str, paths: list) -> dict:
+  """{path relative to folder: {'bytes', 'mtime_ns', 'sha256'}}: what changed_files later compares against."""
+  described = {}
+  for path in paths:
+    status = os.stat(path)
+    described[os.path.relpath(path, folder)] = dict(bytes=status.st_size, mtime_ns=status.st_mtime_ns,
+                                                    sha256=sha256_of_file(path))
+  return described
+
+
+def changed_files(folder: str, described: dict) -> list:
+  """The files describe_files recorded whose bytes differ now (by SHA-256, computed only when the size or the
+  modification time moved); a file that is gone is not listed."""
+  changed = []
+  for name, recorded in sorted(described.items()):
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+      continue
+    status = os.stat(path)
+    if (status.st_size, status.st_mtime_ns) == (recorded['bytes'], recorded['mtime_ns']):
+      continue
+    if status.st_size != recorded['bytes'] or sha256_of_file(path) != recorded['sha256']:
+      changed.append(name)
+  return changed
+
+
 class Busy(OSError):
   """Another live process holds the lock: the message names it and what to do; holder is 'pid N on HOST'."""
 

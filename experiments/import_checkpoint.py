@@ -1,0 +1,150 @@
+"""A pretrained checkpoint as a finished run that every command here reads.
+
+  python -m experiments.data.prepare_default_corpus --tokenizer=MODEL.gguf --output=corpora/shipped-MODEL
+  python -m experiments.import_checkpoint --source=MODEL.gguf --corpus=corpora/shipped-MODEL --workdir=runs/MODEL
+  python -m experiments.evaluate --workdir=runs/MODEL --lengths=2048,4096,8192 --extension=none,yarn --factor=2
+
+--source is a Hugging Face model folder (config.json with model.safetensors or a sharded index: Llama, Mistral,
+Qwen2; experiments/pretrained/hugging_face.py) or a GGUF file of the llama architecture (dequantized to float32;
+experiments/pretrained/gguf_file.py). --corpus is a corpus prepared with the model's own tokenizer
+(experiments/prepare_corpus.py --tokenizer=PATH): the run's task, which evaluate, the probes and train.init_from
+read; a corpus of another tokenizer is refused.
+
+The workdir gets what a finished run holds: config.json (the model, its RoPE settings and extension, the corpus,
+and under `source` the checkpoint's path, format, architecture and every file's size and SHA-256),
+checkpoints/0 (the parameters, float32), summary.json (step 0), and tokenizer.json when the source has one. It is
+written in WORKDIR.importing/ and renamed at the end, so a failed import leaves nothing; a workdir that exists
+is refused. A command that later reads the run refuses it if the source's files have changed since.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+
+from absl import flags
+
+from configs import corpus as corpus_config
+from experiments.data.corpus import open_corpus
+from experiments.data.manifest import DataError
+from experiments.pretrained.hugging_face import PretrainedError
+from experiments.pretrained.source import TOKENIZER_FILE, Source, read_source
+from experiments.runs import checkpoints, run_record, settings
+from experiments.shared import cli
+from experiments.shared.files import write_json_atomically, write_text_atomically
+
+_SOURCE = flags.DEFINE_string('source', None, 'A Hugging Face model folder or a .gguf file.')
+_CORPUS = flags.DEFINE_string('corpus', None, 'A corpus prepared with the model\'s tokenizer: the run\'s task.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'The run to write (a new directory).')
+
+
+@dataclasses.dataclass
+class _State:  # what a checkpoint holds (experiments/runs/checkpoints.py)
+  step: int
+  params: dict
+  opt_state: dict
+
+
+def _check_corpus(source: Source, directory: str):
+  """The corpus, refused when its tokenizer is not the model's (or its ids exceed the model's vocabulary)."""
+  try:
+    corpus = open_corpus(directory)
+  except DataError as error:
+    raise cli.CommandError(f'--corpus: {error}') from None
+  if corpus.vocab_size > source.config.vocab_size:
+    raise cli.CommandError(f'--corpus: {directory} has a vocabulary of {corpus.vocab_size} tokens, more than the '
+                           f'model\'s {source.config.vocab_size}; valid: a corpus prepared with the model\'s tokenizer '
+                           f'(python -m experiments.prepare_corpus --tokenizer=...)')
+  if source.tokenizer_json is not None:
+    from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+    theirs = Tokenizer.from_str(source.tokenizer_json).get_vocab()
+    ours = corpus.tokenizer.tokenizer.get_vocab() if hasattr(corpus.tokenizer, 'tokenizer') else {}
+    differing = sum(1 for token in set(theirs) | set(ours) if theirs.get(token) != ours.get(token))
+    if differing:
+      tokenizer = source.path if source.format == 'gguf' else os.path.join(source.path, TOKENIZER_FILE)
+      raise cli.CommandError(f'--corpus: {directory} was tokenized with another tokenizer ({differing} tokens differ '
+                             f'from the model\'s); valid: a corpus prepared with --tokenizer={tokenizer}')
+  return corpus
+
+
+def run_record_of(source: Source, corpus_directory: str) -> dict:
+  """The run's config.json: the corpus task at the model's context, the model as the source gives it."""
+  config = corpus_config.get_config()
+  config.task.path = os.path.abspath(corpus_directory)
+  length = source.context_length or 2048
+  config.task.max_length = length
+  config.task.eval_lengths = (length,)
+  model = dataclasses.asdict(source.config)
+  position = model.pop('position')
+  for name in ('vocab_size', 'num_outputs', 'input_features', 'aligned_cross_attention'):
+    model.pop(name)
+  for name, value in model.items():
+    config.model[name] = tuple(value) if isinstance(value, list) else value
+  config.model.position = {'kind': source.config.position.kind, **source.config.position.fields()}
+  config.train.steps = 1  # checked as a training config; the record says 0, the step it was imported at
+  try:
+    experiment = settings.from_config_dict(config, num_devices=1)
+  except settings.ConfigError as error:
+    raise cli.CommandError(f'--source: {source.path}: {error}') from None
+  record = settings.to_dict(experiment)
+  record['model']['vocab_size'] = source.config.vocab_size
+  record['train']['steps'] = 0
+  record['source'] = dict(path=source.path, format=source.format, architecture=source.architecture,
+                          context_length=source.context_length, files=source.files)
+  return record
+
+
+def write_run(source: Source, record: dict, workdir: str) -> None:
+  """The run, written in WORKDIR.importing/ and renamed to WORKDIR once whole."""
+  workdir = os.path.abspath(workdir)
+  partial = workdir + '.importing'
+  if os.path.exists(partial):
+    shutil.rmtree(partial)
+  os.makedirs(partial)
+  try:
+    write_json_atomically(os.path.join(partial, run_record.CONFIG_FILE), run_record.canonical(record))
+    saved = checkpoints.Checkpoints(partial, keep=1)
+    saved.save(0, _State(step=0, params=source.params['params'], opt_state={}))
+    saved.close()
+    if source.tokenizer_json is not None:
+      write_text_atomically(os.path.join(partial, TOKENIZER_FILE), source.tokenizer_json)
+    write_json_atomically(os.path.join(partial, run_record.SUMMARY_FILE), dict(step=0, imported_from=source.path))
+    os.rename(partial, workdir)
+  finally:
+    if os.path.exists(partial):
+      shutil.rmtree(partial, ignore_errors=True)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.CommandError(f'unexpected arguments: {" ".join(argv[1:])}; valid: --source, --corpus, --workdir')
+  for flag, value, valid in (('--source', _SOURCE.value, 'a Hugging Face model folder or a .gguf file'),
+                             ('--corpus', _CORPUS.value, 'a corpus prepared with the model\'s tokenizer '
+                              '(python -m experiments.prepare_corpus --tokenizer=PATH)'),
+                             ('--workdir', _WORKDIR.value, 'a new directory for the run')):
+    if not value:
+      raise cli.CommandError(f'{flag}: missing; valid: {valid}')
+  workdir = _WORKDIR.value
+  if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
+    held = run_record.stored_config(workdir) if os.path.isdir(workdir) else None
+    what = f'a run of {held["source"]["path"]}' if held and 'source' in held else 'a run' if held else 'files'
+    raise cli.CommandError(f'--workdir: {workdir} already holds {what}; valid: a new directory (a run is never '
+                           'rewritten)')
+  cli.check_output_path('--workdir', workdir, directory=True)
+  try:
+    source = read_source(_SOURCE.value)
+  except PretrainedError as error:
+    raise cli.CommandError(str(error)) from None
+  _check_corpus(source, _CORPUS.value)
+  record = run_record_of(source, _CORPUS.value)
+  write_run(source, record, workdir)
+  tokenizer = f', {TOKENIZER_FILE}' if source.tokenizer_json is not None else ' (the source has no tokenizer)'
+  print(f'{workdir}: {source.architecture} from {source.path} ({source.format}): {source.config.num_decoder_layers} '
+        f'layers, width {source.config.model_dim}, {source.config.num_heads} heads over '
+        f'{source.config.key_value_heads} key/value heads, vocabulary {source.config.vocab_size}, trained at '
+        f'{source.context_length}; wrote config.json, checkpoints/0, summary.json{tokenizer}')
+  print(json.dumps(record['model']['position'], sort_keys=True))
+
+
+if __name__ == '__main__':
+  cli.run(main)

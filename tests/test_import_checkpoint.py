@@ -1,0 +1,170 @@
+"""A pretrained checkpoint imported as a finished run (experiments/import_checkpoint.py): a tiny Llama-layout
+Hugging Face folder written here with safetensors' NumPy API (no PyTorch), its tokenizer the shipped corpus's
+byte-level BPE, and a corpus prepared with that tokenizer (prepare_corpus --tokenizer=PATH). The run gives the
+source's logits through `load_run`, evaluate reads it, and every refusal leaves nothing behind."""
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import transformer as T
+from experiments import load_run
+from experiments.data import corpus as corpus_format
+from experiments.pretrained import hugging_face
+from tests import command_server
+from tests.helpers import ROOT, subprocess_environment
+
+SHIPPED_TOKENIZER = ROOT / 'experiments' / 'data' / 'corpus' / 'tokenizer.json'
+VOCABULARY = 4096  # the shipped BPE's
+TEXT = ('It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of '
+        'foolishness, it was the epoch of belief, it was the epoch of incredulity. ')
+
+
+def command(*arguments):
+  """(exit code, stdout, stderr's last line) of `python -m ARGUMENTS`."""
+  done = command_server.run([sys.executable, '-m', *map(str, arguments)], env=subprocess_environment(),
+                            capture_output=True, text=True, cwd=ROOT, check=False, timeout=600)
+  lines = [line for line in done.stderr.splitlines() if line.strip()]
+  return done.returncode, done.stdout, lines[-1] if lines else ''
+
+
+def write_llama_folder(folder, vocabulary=VOCABULARY, width=32, heads=4, kv_heads=2, hidden=48, layers=2, seed=0,
+                       tokenizer=True, **changes):
+  """config.json, model.safetensors (random float32 weights) and, with tokenizer, the shipped BPE's tokenizer.json."""
+  config = dict(architectures=['LlamaForCausalLM'], vocab_size=vocabulary, hidden_size=width, intermediate_size=hidden,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, rms_norm_eps=1e-5,
+                max_position_embeddings=64, rope_theta=10000.0, tie_word_embeddings=False, hidden_act='silu',
+                **changes)
+  model_config = hugging_face.model_config(config)
+  rng = np.random.default_rng(seed)
+  names = ['model.embed_tokens.weight', 'model.norm.weight', 'lm_head.weight']
+  for index in range(layers):
+    names += [f'model.layers.{index}.{name}.weight' for name in (
+        'self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj', 'self_attn.o_proj', 'mlp.gate_proj', 'mlp.up_proj',
+        'mlp.down_proj', 'input_layernorm', 'post_attention_layernorm')]
+  tensors = {name: (rng.normal(size=hugging_face.llama_shape(name, model_config)) * 0.2
+                    + (1.0 if 'norm' in name else 0.0)).astype(np.float32) for name in names}
+  os.makedirs(folder, exist_ok=True)
+  save_file(tensors, str(folder / 'model.safetensors'))
+  (folder / 'config.json').write_text(json.dumps(config))
+  if tokenizer:
+    shutil.copy(SHIPPED_TOKENIZER, folder / 'tokenizer.json')
+  return folder
+
+
+@pytest.fixture(scope='module')
+def imported(tmp_path_factory):
+  """(source folder, corpus, workdir): the tiny folder imported with a corpus of its tokenizer."""
+  root = tmp_path_factory.mktemp('imported')
+  source = write_llama_folder(root / 'source')
+  texts = root / 'texts'
+  texts.mkdir()
+  for index in range(12):
+    (texts / f'doc{index}.txt').write_text(f'Document {index}. ' + TEXT * (2 + index % 3), encoding='utf-8')
+  code, _, last = command('experiments.prepare_corpus', f'--input={texts}', f'--output={root / "corpus"}',
+                          f'--tokenizer={source / "tokenizer.json"}', '--heldout_fraction=0.3')
+  assert code == 0, last
+  workdir = root / 'run'
+  code, out, last = command('experiments.import_checkpoint', f'--source={source}', f'--corpus={root / "corpus"}',
+                            f'--workdir={workdir}')
+  assert code == 0, last
+  assert 'LlamaForCausalLM' in out and 'tokenizer.json' in out
+  return source, root / 'corpus', workdir
+
+
+def test_a_corpus_prepared_with_a_pretrained_tokenizer_records_it_and_decodes_back(imported):
+  source, corpus_directory, _ = imported
+  corpus = corpus_format.open_corpus(str(corpus_directory))
+  manifest = corpus.manifest
+  assert manifest['tokenizer']['pretrained']['path'] == str(source / 'tokenizer.json')
+  assert (corpus_directory / 'tokenizer.json').read_text() == corpus.tokenizer.to_str()
+  assert corpus.vocab_size == VOCABULARY and corpus.eod == corpus.tokenizer.tokenizer.token_to_id('<|endoftext|>')
+  tokens = np.asarray(corpus.tokens('heldout'))
+  first = tokens[:np.flatnonzero(tokens == corpus.eod)[0]]
+  assert corpus.tokenizer.decode(first).startswith('Document ') and TEXT in corpus.tokenizer.decode(first)
+
+
+def test_the_imported_run_gives_the_sources_logits_and_tokenizer(imported):
+  source, _, workdir = imported
+  config, params = hugging_face.load(str(source))
+  ids = np.random.default_rng(3).integers(0, VOCABULARY, size=(2, 64))
+  expected = np.asarray(T.DecoderOnly(config).apply(params, ids))
+  model, variables, tokenizer = load_run(str(workdir))
+  np.testing.assert_array_equal(np.asarray(model.apply(variables, ids)), expected)
+  assert tokenizer.encode(TEXT).ids == tokenizer.encode(TEXT).ids and tokenizer.get_vocab_size() == VOCABULARY
+  record = json.loads((workdir / 'config.json').read_text())
+  assert record['source']['architecture'] == 'LlamaForCausalLM' and record['train']['steps'] == 0
+  assert sorted(record['source']['files']) == ['config.json', 'model.safetensors', 'tokenizer.json']
+  assert record['task']['max_length'] == 64 and record['model']['num_kv_heads'] == 2
+  assert json.loads((workdir / 'summary.json').read_text())['step'] == 0
+
+
+def test_evaluate_reads_the_imported_run_and_refuses_it_once_its_source_changed(imported, tmp_path):
+  source, corpus_directory, workdir = imported
+  copy = tmp_path / 'run'
+  shutil.copytree(workdir, copy)
+  code, out, last = command('experiments.evaluate', f'--workdir={copy}', '--lengths=16,32', '--tokens=256',
+                            '--protocol=windows')
+  assert code == 0, last
+  assert 'bits per byte' in out
+  changed_source = tmp_path / 'source'
+  shutil.copytree(source, changed_source)
+  record = json.loads((copy / 'config.json').read_text())
+  record['source']['path'] = str(changed_source)
+  (copy / 'config.json').write_text(json.dumps(record))
+  code, _, last = command('experiments.evaluate', f'--workdir={copy}', '--lengths=16', '--tokens=256', '--name=again')
+  assert code == 0, last  # the same bytes in another place
+  with open(changed_source / 'config.json', 'a', encoding='utf-8') as file:
+    file.write(' ')
+  code, _, last = command('experiments.evaluate', f'--workdir={copy}', '--lengths=16', '--tokens=256', '--name=third')
+  assert code == 2 and 'has changed since it was imported' in last and 'config.json' in last, last
+  assert not (copy / 'evaluations' / 'third').exists()
+
+
+def _refused(arguments, workdir, *fragments):
+  code, _, last = command('experiments.import_checkpoint', *arguments, f'--workdir={workdir}')
+  assert code == 2 and last.startswith('error: ') and all(fragment in last for fragment in fragments), last
+  assert not os.path.exists(f'{workdir}.importing')
+
+
+def test_import_refusals_name_the_problem_and_write_nothing(imported, tmp_path):
+  source, corpus_directory, workdir = imported
+  new = tmp_path / 'new'
+  _refused([f'--source={source}'], new, '--corpus: missing')
+  _refused([f'--source={source}', f'--corpus={corpus_directory}'], workdir, 'already holds a run of', str(source))
+  code, _, last = command('experiments.prepare_corpus', f'--input={corpus_directory.parent / "texts"}',
+                          f'--output={tmp_path / "b"}', '--tokenizer=bytes', '--heldout_fraction=0.3')
+  assert code == 0, last
+  _refused([f'--source={source}', f'--corpus={tmp_path / "b"}'], new, 'tokenized with another tokenizer',
+           f'--tokenizer={source / "tokenizer.json"}')
+  wrong = write_llama_folder(tmp_path / 'wrong', tokenizer=False)
+  config = json.loads((wrong / 'config.json').read_text())
+  (wrong / 'config.json').write_text(json.dumps(dict(config, intermediate_size=40)))
+  _refused([f'--source={wrong}', f'--corpus={corpus_directory}'], new, 'model.layers.0.mlp.gate_proj.weight',
+           'shape (48, 32)', 'valid: (40, 32)')
+  (wrong / 'config.json').write_text(json.dumps(dict(config, architectures=['BertForMaskedLM'])))
+  _refused([f'--source={wrong}', f'--corpus={corpus_directory}'], new, 'architectures', 'LlamaForCausalLM')
+  (wrong / 'config.json').write_text(json.dumps(config))
+  weights = (wrong / 'model.safetensors').read_bytes()
+  (wrong / 'model.safetensors').write_bytes(weights[:len(weights) // 2])
+  _refused([f'--source={wrong}', f'--corpus={corpus_directory}'], new, 'model.safetensors: truncated')
+  assert not new.exists()
+
+
+def test_prepare_corpus_refuses_a_tokenizer_that_is_not_byte_level(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  words = Tokenizer(models.WordLevel({'<|endoftext|>': 0, 'a': 1, '[UNK]': 2}, unk_token='[UNK]'))
+  words.pre_tokenizer = pre_tokenizers.Whitespace()
+  words.save(str(tmp_path / 'words.json'))
+  for flags, fragment in (([f'--tokenizer={tmp_path / "words.json"}'], 'valid: a byte-level BPE'),
+                          ([f'--tokenizer={SHIPPED_TOKENIZER}', '--vocab_size=512'], '--vocab_size: got 512'),
+                          ([f'--tokenizer={tmp_path / "absent.json"}'], 'neither a file nor one of')):
+    code, _, last = command('experiments.prepare_corpus', f'--input={ROOT / "README.md"}',
+                            f'--output={tmp_path / "out"}', *flags)
+    assert code == 2 and fragment in last, last
+    assert not (tmp_path / 'out').exists()
