@@ -234,3 +234,23 @@ def test_a_missing_source_to_fine_tune_from_is_refused_before_the_run_is_created
                             capture_output=True, text=True, cwd=ROOT, check=False)
   assert done.returncode != 0 and 'train.init_from' in done.stderr and 'no checkpoints directory' in done.stderr
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize('chunk_bytes', [4 * 2 * 37 * 5, 4 * 2 * 37 * 7, 1 << 28])
+def test_the_logits_formed_a_chunk_of_positions_at_a_time_give_one_passs_bits(monkeypatch, chunk_bytes):
+  """Chunks of 5 and 7 positions (24 is no multiple of 7: the last chunk is padded) and one chunk: the bits of the
+  whole logits' log-softmax, a naive pass beside."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(long_context, 'LOGITS_CHUNK_BYTES', chunk_bytes)
+  config = transformer.tiny_preset(transformer.PositionConfig('rope'), vocab_size=37)
+  model = transformer.DecoderOnly(config)
+  inputs = np.random.default_rng(0).integers(0, 37, size=(2, 24))
+  targets = np.roll(inputs, -1, axis=1)
+  params = model.init(jax.random.PRNGKey(0), inputs)['params']
+  got = np.asarray(long_context.bits_function(model)(params, inputs, targets, {}))
+  logits = np.asarray(model.apply({'params': params}, inputs), np.float64)
+  log_probabilities = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
+      logits.max(-1, keepdims=True)
+  expected = -np.take_along_axis(log_probabilities, targets[..., None], -1)[..., 0] / np.log(2.0)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

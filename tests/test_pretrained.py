@@ -3,7 +3,9 @@ here with transformers, saved as safetensors and read back without PyTorch, and 
 SmolLM2-135M-Instruct from its GGUF file; each compared with transformers' own logits on a prompt of 512 tokens
 (the rotary layout's errors show on long prompts only)."""
 
+import json
 import lzma
+import os
 import pathlib
 import subprocess
 import sys
@@ -175,3 +177,72 @@ def test_smollm2_imported_from_its_gguf_gives_transformers_tokens_and_logits(smo
     return -np.take_along_axis(log_probabilities, prompt[0, 1:, None], -1).mean()
   assert abs(loss(got) - loss(expected)) < 1e-4
   assert loss(got) < np.log(config.vocab_size) / 2  # far below a uniform guess: the weights are the model's
+
+
+from tests.test_import_checkpoint import command, imported  # pylint: disable=g-import-not-at-top,unused-import,wrong-import-position
+
+
+def test_an_exported_run_loads_in_transformers_with_its_logits_tensors_and_greedy_continuation(imported, tmp_path):
+  """experiments.export_checkpoint on an imported run: transformers' AutoModelForCausalLM loads the folder with the
+  run's logits on 512 tokens and the same greedy continuation as this library's cached decoder, and every tensor is
+  the source's, bit for bit (Hugging Face -> ours -> Hugging Face)."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  from experiments import load_run  # pylint: disable=g-import-not-at-top
+  source, _, workdir = imported
+  code, out, last = command('experiments.export_checkpoint', f'--workdir={workdir}', f'--output={tmp_path / "hf"}')
+  assert code == 0, last
+  assert 'LlamaForCausalLM' in out
+  exported, original = load_file(str(tmp_path / 'hf' / 'model.safetensors')), load_file(str(source / 'model.safetensors'))
+  assert sorted(exported) == sorted(original)
+  for name, tensor in original.items():
+    np.testing.assert_array_equal(exported[name], tensor, err_msg=name)
+  from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+  assert Tokenizer.from_file(str(tmp_path / 'hf' / 'tokenizer.json')).to_str() == \
+      Tokenizer.from_file(str(source / 'tokenizer.json')).to_str()
+  model, variables, _ = load_run(str(workdir))
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'), dtype=torch.float32).eval()
+  ids = np.random.default_rng(2).integers(0, model.config.vocab_size, size=(2, LENGTH))
+  with torch.no_grad():
+    expected = theirs(torch.tensor(ids)).logits.numpy()
+  got = np.asarray(model.apply(variables, ids))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+  prompt = ids[:, :20]
+  with torch.no_grad():
+    continued = theirs.generate(torch.tensor(prompt), max_new_tokens=12, do_sample=False, min_new_tokens=12,
+                                pad_token_id=0).numpy()
+  ours = np.asarray(T.decoder_only_generate(model, variables, prompt, 12))
+  np.testing.assert_array_equal(ours, continued)
+
+
+@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False)])
+def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_its_own(tmp_path, extension, qkv_bias):
+  """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear and
+  llama3 as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
+  folder, and read back (ours -> Hugging Face -> ours) the same logits exactly."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from experiments.pretrained import hugging_face_export  # pylint: disable=g-import-not-at-top
+  settings = {'none': {}, 'pi': dict(rope_extension='pi', extension_factor=4.0),
+              'llama3': dict(rope_extension='llama3', extension_factor=4.0, original_length=128)}[extension]
+  config = T.ModelConfig(vocab_size=101, model_dim=64, num_heads=4, num_kv_heads=2, feed_forward_dim=96,
+                         num_encoder_layers=0, num_decoder_layers=2, activation='swiglu', norm='pre',
+                         norm_type='rmsnorm', layer_norm_eps=1e-6, use_bias=False, qkv_bias=qkv_bias,
+                         tie_embeddings=False, scale_embeddings=False, dropout_rate=0.0,
+                         position=T.PositionConfig('rope', rope_base=5000.0, **settings))
+  model = T.DecoderOnly(config)
+  ids = np.random.default_rng(4).integers(0, 101, size=(2, LENGTH))
+  params = model.init(jax.random.PRNGKey(0), ids[:, :8])
+  params = jax.tree_util.tree_map(lambda p: p + 0.05 * jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
+  os.makedirs(tmp_path / 'hf')
+  save_file(hugging_face_export.llama_tensors(params, config), str(tmp_path / 'hf' / 'model.safetensors'))
+  (tmp_path / 'hf' / 'config.json').write_text(json.dumps(hugging_face_export.hf_config(config, 128)))
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'), dtype=torch.float32).eval()
+  assert type(theirs).__name__ == ('Qwen2ForCausalLM' if qkv_bias else 'LlamaForCausalLM')
+  with torch.no_grad():
+    expected = theirs(torch.tensor(ids)).logits.numpy()
+  got = np.asarray(model.apply(params, ids))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+  read_config, read_params = hugging_face.load(str(tmp_path / 'hf'))
+  assert read_config.position == config.position
+  assert (read_config.qkv_bias, read_config.layer_norm_eps, read_config.key_value_heads) == (qkv_bias, 1e-6, 2)
+  np.testing.assert_array_equal(np.asarray(T.DecoderOnly(read_config).apply(read_params, ids)), got)

@@ -40,3 +40,26 @@ def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_is_refused_by_
   with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.type: got 'yarn'; valid here: none"):
     gguf_file.model_config(Reader(general__architecture='llama', llama__embedding_length=64,
                                   llama__attention__head_count=4, llama__rope__scaling__type='yarn'))
+
+
+def test_an_export_transformers_cannot_hold_is_refused_naming_the_field():
+  """experiments/pretrained/hugging_face_export.py: another variant, another block, an extension transformers
+  computes otherwise, and the Llama block with RoPE accepted (LlamaForCausalLM; Qwen2ForCausalLM with qkv biases)."""
+  import transformer as T  # pylint: disable=g-import-not-at-top
+  from experiments.pretrained import hugging_face_export  # pylint: disable=g-import-not-at-top
+  llama = T.ModelConfig(vocab_size=50, model_dim=32, num_heads=4, num_kv_heads=2, feed_forward_dim=48,
+                        num_encoder_layers=0, num_decoder_layers=1, activation='swiglu', norm='pre',
+                        norm_type='rmsnorm', use_bias=False, scale_embeddings=False, position=T.PositionConfig('rope'))
+  assert hugging_face_export.architecture(llama) == 'LlamaForCausalLM'
+  assert hugging_face_export.architecture(llama.replace(qkv_bias=True)) == 'Qwen2ForCausalLM'
+  for changed, message in (
+      (llama.replace(position=T.PositionConfig('alibi')), r"model.position.kind: got 'alibi'; valid .*: rope"),
+      (llama.replace(norm_type='layernorm'), r"model.norm_type: got 'layernorm'; valid .*: 'rmsnorm'"),
+      (llama.replace(activation='gelu'), r"model.activation: got 'gelu'"),
+      (llama.replace(use_bias=True), r'model.use_bias: got True'),
+      (llama.replace(position=T.PositionConfig('rope', rope_extension='yarn', extension_factor=2.0,
+                                               original_length=64)),
+       r"model.position.rope_extension: got 'yarn'.*ramps over truncated dimension indices"),
+      (llama.replace(position=T.PositionConfig('rope', ssmax=True)), r'model.position.ssmax: got True')):
+    with pytest.raises(hugging_face.PretrainedError, match=message):
+      hugging_face_export.architecture(changed)

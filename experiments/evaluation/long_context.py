@@ -152,14 +152,41 @@ def extended_config(config: transformer.ModelConfig, trained_length: int, reques
   return config.replace(position=transformer.PositionConfig(kind, **fields)), original
 
 
+LOGITS_CHUNK_BYTES = 1 << 28  # the float32 logits formed at once when scoring a long window
+
+
+def _target_bits(logits, targets):
+  log_probabilities = jax.nn.log_softmax(logits.astype(jnp.float32))
+  return -jnp.take_along_axis(log_probabilities, targets[..., None], axis=-1)[..., 0] / math.log(2.0)
+
+
 def bits_function(model):
+  """bits(params, inputs_BxL, targets_BxL, packed) -> -log2 p(target) B x L. A decoder of tokens forms its logits
+  over chunks of positions (LOGITS_CHUNK_BYTES of them at a time: 16k positions of a 49k vocabulary would be 3.2 GB
+  at once); the same numbers as one pass."""
+
   @jax.jit
   def bits(params, inputs_BxL, targets_BxL, packed: dict):
     """packed: {} or the rows' positions_BxL and segments_BxL (a corpus run packed by document)."""
-    logits = model.apply({'params': params}, inputs_BxL, valid_BxL=jnp.ones(inputs_BxL.shape, bool), **packed)
-    log_probabilities = jax.nn.log_softmax(logits.astype(jnp.float32))
-    picked = jnp.take_along_axis(log_probabilities, targets_BxL[..., None], axis=-1)[..., 0]
-    return -picked / math.log(2.0)
+    valid = jnp.ones(inputs_BxL.shape, bool)
+    if not isinstance(model, transformer.DecoderOnly):
+      return _target_bits(model.apply({'params': params}, inputs_BxL, valid_BxL=valid, **packed), targets_BxL)
+    hidden_BxLxD = model.apply({'params': params}, inputs_BxL, valid_BxL=valid,
+                               method=transformer.DecoderOnly.hidden_states, **packed)
+    batch, length, _ = hidden_BxLxD.shape
+    chunk = max(1, min(length, LOGITS_CHUNK_BYTES // (4 * batch * model.config.vocab_size)))
+    chunks = -(-length // chunk)
+    padding = chunks * chunk - length
+    hidden_NxBxCxD = jnp.pad(hidden_BxLxD, ((0, 0), (0, padding), (0, 0))).reshape(
+        batch, chunks, chunk, -1).transpose(1, 0, 2, 3)
+    targets_NxBxC = jnp.pad(targets_BxL, ((0, 0), (0, padding))).reshape(batch, chunks, chunk).transpose(1, 0, 2)
+
+    def chunk_bits(pair):
+      hidden_BxCxD, targets_BxC = pair
+      logits = model.apply({'params': params}, hidden_BxCxD, method=transformer.DecoderOnly.logits)
+      return _target_bits(logits, targets_BxC)
+    bits_NxBxC = jax.lax.map(chunk_bits, (hidden_NxBxCxD, targets_NxBxC))
+    return bits_NxBxC.transpose(1, 0, 2).reshape(batch, chunks * chunk)[:, :length]
   return bits
 
 

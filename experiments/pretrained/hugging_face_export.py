@@ -1,0 +1,97 @@
+"""A run's decoder as a Hugging Face model folder: the inverse of hugging_face.py, for the runs transformers has a
+class for. The Llama-style block (pre-RMSNorm, SwiGLU, no biases, unscaled embeddings, RoPE) becomes
+LlamaForCausalLM, with query, key and value biases Qwen2ForCausalLM; its context extension becomes rope_scaling
+(pi -> linear, llama3). The query and key rows go back from this library's rotary pairs (2i, 2i + 1) to Hugging
+Face's halves (i, i + d/2), the inverse of hugging_face.rotary_order.
+"""
+
+import numpy as np
+from flax.core import meta
+
+import transformer
+from experiments.pretrained.hugging_face import PretrainedError, rotary_order
+
+ROPE_SCALING = {'none': None, 'pi': 'linear', 'llama3': 'llama3'}
+
+
+def _refuse(field: str, value, valid: str):
+  raise PretrainedError(f'{field}: got {value!r}; valid for a Hugging Face export: {valid}')
+
+
+def architecture(config: transformer.ModelConfig) -> str:
+  """LlamaForCausalLM or Qwen2ForCausalLM; PretrainedError naming the first field transformers cannot hold."""
+  kind = config.position.kind
+  if kind != 'rope':
+    _refuse('model.position.kind', kind, 'rope (transformers\' Llama and Qwen2 rotate queries and keys; no class of '
+            f'theirs holds {kind} in this block)')
+  wanted = dict(architecture='transformer', norm='pre', norm_type='rmsnorm', activation='swiglu', use_bias=False,
+                parallel_residual=False, scale_embeddings=False)
+  for field, value in wanted.items():
+    if getattr(config, field) != value:
+      _refuse(f'model.{field}', getattr(config, field), f'{value!r} (the Llama-style block)')
+  settings = config.position.settings
+  if settings.rope_extension not in ROPE_SCALING:
+    _refuse('model.position.rope_extension', settings.rope_extension,
+            f'{", ".join(ROPE_SCALING)} (transformers\' yarn ramps over truncated dimension indices, its dynamic '
+            'scales by the whole sequence, and it has no static ntk or longrope by factor)')
+  if settings.ssmax:
+    _refuse('model.position.ssmax', True, 'False (transformers\' Llama does not scale the softmax by length)')
+  return 'Qwen2ForCausalLM' if config.qkv_bias else 'LlamaForCausalLM'
+
+
+def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
+  """config.json for the run's model, trained at context_length."""
+  name = architecture(config)
+  settings = config.position.settings
+  fields = dict(
+      architectures=[name], model_type={'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2'}[name],
+      vocab_size=config.vocab_size, hidden_size=config.model_dim, intermediate_size=config.feed_forward_dim,
+      num_hidden_layers=config.num_decoder_layers, num_attention_heads=config.num_heads,
+      num_key_value_heads=config.key_value_heads, head_dim=config.head_dim, hidden_act='silu',
+      rms_norm_eps=config.layer_norm_eps, rope_theta=settings.rope_base, max_position_embeddings=context_length,
+      tie_word_embeddings=config.tie_embeddings, attention_bias=False, mlp_bias=False, attention_dropout=0.0,
+      torch_dtype='float32')
+  kind = ROPE_SCALING[settings.rope_extension]
+  if kind == 'linear':
+    fields['rope_scaling'] = dict(rope_type='linear', factor=settings.extension_factor)
+  elif kind == 'llama3':
+    fields['rope_scaling'] = dict(rope_type='llama3', factor=settings.extension_factor,
+                                  original_max_position_embeddings=settings.original_length or context_length,
+                                  low_freq_factor=settings.llama3_low_frequency_factor,
+                                  high_freq_factor=settings.llama3_high_frequency_factor)
+  if name == 'Qwen2ForCausalLM':
+    fields.update(use_sliding_window=False, sliding_window=None)
+  return fields
+
+
+def _halves(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
+  """A query or key projection's output rows from this library's rotary pairs back to Hugging Face's halves."""
+  inverse = np.argsort(rotary_order(head_dim))
+  return rows_NxI.reshape(heads, head_dim, *rows_NxI.shape[1:])[:, inverse].reshape(rows_NxI.shape)
+
+
+def llama_tensors(params: dict, config: transformer.ModelConfig) -> dict:
+  """{Hugging Face name: float32 NumPy array} of transformer.DecoderOnly(config)'s {'params': ...}."""
+  architecture(config)
+  tree = meta.unbox(params)['params']
+  heads, kv_heads, head_dim = config.num_heads, config.key_value_heads, config.head_dim
+  tensors = {'model.embed_tokens.weight': tree['embedding']['embedding']['embedding'],
+             'model.norm.weight': tree['decoder']['final_norm']['scale']}
+  if not config.tie_embeddings:
+    tensors['lm_head.weight'] = np.asarray(tree['embedding']['output']['kernel']).T
+  for index in range(config.num_decoder_layers):
+    layer, prefix = tree['decoder'][f'layer_{index}'], f'model.layers.{index}'
+    attention = layer['self_attention']
+    for ours, theirs, count in (('query', 'q_proj', heads), ('key', 'k_proj', kv_heads), ('value', 'v_proj', kv_heads)):
+      weight = np.asarray(attention[ours]['kernel']).T
+      tensors[f'{prefix}.self_attn.{theirs}.weight'] = weight if ours == 'value' else _halves(weight, count, head_dim)
+      if config.qkv_bias:
+        bias = np.asarray(attention[ours]['bias'])
+        tensors[f'{prefix}.self_attn.{theirs}.bias'] = bias if ours == 'value' else _halves(bias, count, head_dim)
+    tensors[f'{prefix}.self_attn.o_proj.weight'] = np.asarray(attention['out']['kernel']).T
+    feed_forward = layer['feed_forward']
+    for ours, theirs in (('gate_kernel', 'gate_proj'), ('hidden_kernel', 'up_proj'), ('output_kernel', 'down_proj')):
+      tensors[f'{prefix}.mlp.{theirs}.weight'] = np.asarray(feed_forward[ours]).T
+    tensors[f'{prefix}.input_layernorm.weight'] = layer['self_attention_residual']['RMSNorm_0']['scale']
+    tensors[f'{prefix}.post_attention_layernorm.weight'] = layer['feed_forward_residual']['RMSNorm_0']['scale']
+  return {name: np.ascontiguousarray(np.asarray(array, np.float32)) for name, array in tensors.items()}
