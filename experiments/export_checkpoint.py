@@ -5,7 +5,7 @@
 Writes config.json, model.safetensors (float32) and, when the run has a tokenizer, tokenizer.json: for the runs
 transformers has a class for, the RoPE decoder in the Llama-style block (pre-RMSNorm, SwiGLU, no biases;
 LlamaForCausalLM, or Qwen2ForCausalLM with query, key and value biases), its extension as rope_scaling (pi ->
-linear, llama3; experiments/pretrained/hugging_face_export.py). Any other run is refused, naming the field and
+linear, llama3, yarn ramped over pair indices; experiments/pretrained/hugging_face_export.py). Any other run is refused, naming the field and
 why. Everything is written to OUTPUT.partial/ and renamed at the end; an output folder that is not empty is
 refused.
 """

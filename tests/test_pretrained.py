@@ -108,20 +108,27 @@ def smollm2_gguf(tmp_path_factory):
 
 
 ROPE_SCALINGS = {
-    'linear': {'factor': 4.0},
-    'llama3': {'factor': 8.0, 'original_max_position_embeddings': 128, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0},
-    'longrope': {'original_max_position_embeddings': 128, 'short_factor': [1.0 + 0.05 * p for p in range(8)],
-                 'long_factor': [1.5 + 0.5 * p for p in range(8)]},
+    'linear': {'rope_type': 'linear', 'factor': 4.0},
+    'llama3': {'rope_type': 'llama3', 'factor': 8.0, 'original_max_position_embeddings': 128, 'low_freq_factor': 1.0,
+               'high_freq_factor': 4.0},
+    'longrope': {'rope_type': 'longrope', 'original_max_position_embeddings': 128,
+                 'short_factor': [1.0 + 0.05 * p for p in range(8)], 'long_factor': [1.5 + 0.5 * p for p in range(8)]},
+    'yarn': {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128},
+    'yarn-exact': {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128, 'truncate': False,
+                   'beta_fast': 16.0, 'beta_slow': 2.0, 'attention_factor': 1.3},
+    'yarn-mscale': {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128, 'mscale': 1.0,
+                    'mscale_all_dim': 0.5},
 }
 
 
-@pytest.mark.parametrize('kind', sorted(ROPE_SCALINGS))
-def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_length(tmp_path, kind):
-  """rope_scaling read as this library's extension (linear -> pi, llama3, longrope), on 512 tokens, four times the
+@pytest.mark.parametrize('name', sorted(ROPE_SCALINGS))
+def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_length(tmp_path, name):
+  """rope_scaling read as this library's extension (linear -> pi, llama3, longrope, yarn with the ramp over pair
+  indices, rounded or not, its betas and attention factor given or from mscale), on 512 tokens, four times the
   original 128: transformers' logits."""
-  parameters = {'rope_type': kind, 'rope_theta': 10000.0, **ROPE_SCALINGS[kind]}
+  parameters = {'rope_theta': 10000.0, **ROPE_SCALINGS[name]}
   config = _compare(_tiny('LlamaForCausalLM', rope_parameters=parameters, max_position_embeddings=1024), tmp_path)
-  expected = {'linear': 'pi'}.get(kind, kind)
+  expected = {'linear': 'pi'}.get(parameters['rope_type'], parameters['rope_type'])
   assert config.position.settings.rope_extension == expected
 
 
@@ -214,16 +221,18 @@ def test_an_exported_run_loads_in_transformers_with_its_logits_tensors_and_greed
   np.testing.assert_array_equal(ours, continued)
 
 
-@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False)])
+@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False), ('yarn', False)])
 def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_its_own(tmp_path, extension, qkv_bias):
-  """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear and
-  llama3 as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
+  """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear, llama3
+  and yarn (its ramp over pair indices) as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
   folder, and read back (ours -> Hugging Face -> ours) the same logits exactly."""
   import jax  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   from experiments.pretrained import hugging_face_export  # pylint: disable=g-import-not-at-top
   settings = {'none': {}, 'pi': dict(rope_extension='pi', extension_factor=4.0),
-              'llama3': dict(rope_extension='llama3', extension_factor=4.0, original_length=128)}[extension]
+              'llama3': dict(rope_extension='llama3', extension_factor=4.0, original_length=128),
+              'yarn': dict(rope_extension='yarn', extension_factor=4.0, original_length=128, yarn_ramp='dimensions',
+                           yarn_beta=24.0)}[extension]
   config = T.ModelConfig(vocab_size=101, model_dim=64, num_heads=4, num_kv_heads=2, feed_forward_dim=96,
                          num_encoder_layers=0, num_decoder_layers=2, activation='swiglu', norm='pre',
                          norm_type='rmsnorm', layer_norm_eps=1e-6, use_bias=False, qkv_bias=qkv_bias,

@@ -14,8 +14,8 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
   with pytest.raises(hugging_face.PretrainedError,
                      match=r"architectures: got \['BertModel'\]; valid: one of LlamaForCausalLM, MistralForCausalLM"):
     hugging_face.model_config({**base, 'architectures': ['BertModel']})
-  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'yarn': transformers ramps"):
-    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'yarn'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'su'; valid: default, linear"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'su'}})
   with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'dynamic'; valid: default, linear"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'type': 'dynamic'}})
   with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
@@ -59,7 +59,9 @@ def test_an_export_transformers_cannot_hold_is_refused_naming_the_field():
       (llama.replace(use_bias=True), r'model.use_bias: got True'),
       (llama.replace(position=T.PositionConfig('rope', rope_extension='yarn', extension_factor=2.0,
                                                original_length=64)),
-       r"model.position.rope_extension: got 'yarn'.*ramps over truncated dimension indices"),
+       r"model.position.yarn_ramp: got 'rotations'; valid .*: dimensions or exact_dimensions"),
+      (llama.replace(position=T.PositionConfig('rope', rope_extension='ntk', extension_factor=2.0)),
+       r"model.position.rope_extension: got 'ntk'"),
       (llama.replace(position=T.PositionConfig('rope', ssmax=True)), r'model.position.ssmax: got True')):
     with pytest.raises(hugging_face.PretrainedError, match=message):
       hugging_face_export.architecture(changed)

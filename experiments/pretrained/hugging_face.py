@@ -13,6 +13,7 @@ logit, are then the same.
 """
 
 import json
+import math
 import os
 from typing import Callable
 
@@ -49,14 +50,20 @@ def architecture(hf_config: dict) -> str:
   return names[0]
 
 
-ROPE_TYPES = ('default', 'linear', 'llama3', 'longrope')
+ROPE_TYPES = ('default', 'linear', 'llama3', 'longrope', 'yarn')
+
+
+def yarn_scale(factor: float, mscale: float = 1.0) -> float:
+  """0.1 mscale ln s + 1 (1 for s <= 1): YaRN's attention factor, and DeepSeek's mscale ratio's terms."""
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def rope_position(hf_config: dict) -> transformer.PositionConfig:
   """RoPE with the checkpoint's base and its rope_scaling (or transformers 5's rope_parameters) as this library's
   context extension: linear -> pi, llama3, longrope (its factor lists, the set chosen by the sequence's length,
-  as transformers does), each with its original_max_position_embeddings. Any other type (yarn, dynamic) is
-  refused by name, never dropped."""
+  as transformers does), yarn (its ramp over pair indices, beta_fast, beta_slow, truncate, attention_factor or
+  mscale), each with its original_max_position_embeddings. Any other type (dynamic) is refused by name, never
+  dropped."""
   scaling = {**(hf_config.get('rope_scaling') or {}), **(hf_config.get('rope_parameters') or {})}
   kind = scaling.get('rope_type') or scaling.get('type') or 'default'
   fields = {'rope_base': float(scaling.get('rope_theta', hf_config.get('rope_theta', 10000.0)))}
@@ -65,9 +72,14 @@ def rope_position(hf_config: dict) -> transformer.PositionConfig:
   if kind == 'linear':
     fields.update(rope_extension='pi', extension_factor=float(scaling['factor']))
   elif kind == 'yarn':
-    raise PretrainedError('config.json: rope scaling type \'yarn\': transformers ramps YaRN\'s blend over dimension '
-                          'indices, truncated (the authors\' code), this library over rotations (the paper\'s '
-                          f'gamma(r)); valid here: {", ".join(ROPE_TYPES)}')
+    factor = float(scaling.get('factor') or (longest / original))
+    attention = scaling.get('attention_factor')
+    if attention is None and scaling.get('mscale') and scaling.get('mscale_all_dim'):
+      attention = yarn_scale(factor, scaling['mscale']) / yarn_scale(factor, scaling['mscale_all_dim'])
+    fields.update(rope_extension='yarn', extension_factor=factor, original_length=original,
+                  yarn_alpha=float(scaling.get('beta_slow') or 1.0), yarn_beta=float(scaling.get('beta_fast') or 32.0),
+                  yarn_ramp='dimensions' if scaling.get('truncate', True) else 'exact_dimensions',
+                  yarn_attention_factor=float(attention or 0.0))
   elif kind == 'llama3':
     fields.update(rope_extension='llama3', extension_factor=float(scaling['factor']), original_length=original,
                   llama3_low_frequency_factor=float(scaling['low_freq_factor']),

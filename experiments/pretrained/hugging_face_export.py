@@ -1,8 +1,8 @@
 """A run's decoder as a Hugging Face model folder: the inverse of hugging_face.py, for the runs transformers has a
 class for. The Llama-style block (pre-RMSNorm, SwiGLU, no biases, unscaled embeddings, RoPE) becomes
 LlamaForCausalLM, with query, key and value biases Qwen2ForCausalLM; its context extension becomes rope_scaling
-(pi -> linear, llama3). The query and key rows go back from this library's rotary pairs (2i, 2i + 1) to Hugging
-Face's halves (i, i + d/2), the inverse of hugging_face.rotary_order.
+(pi -> linear, llama3, yarn with its ramp over pair indices). The query and key rows go back from this library's
+rotary pairs (2i, 2i + 1) to Hugging Face's halves (i, i + d/2), the inverse of hugging_face.rotary_order.
 """
 
 import numpy as np
@@ -11,7 +11,7 @@ from flax.core import meta
 import transformer
 from experiments.pretrained.hugging_face import PretrainedError, rotary_order
 
-ROPE_SCALING = {'none': None, 'pi': 'linear', 'llama3': 'llama3'}
+ROPE_SCALING = {'none': None, 'pi': 'linear', 'llama3': 'llama3', 'yarn': 'yarn'}
 
 
 def _refuse(field: str, value, valid: str):
@@ -32,8 +32,11 @@ def architecture(config: transformer.ModelConfig) -> str:
   settings = config.position.settings
   if settings.rope_extension not in ROPE_SCALING:
     _refuse('model.position.rope_extension', settings.rope_extension,
-            f'{", ".join(ROPE_SCALING)} (transformers\' yarn ramps over truncated dimension indices, its dynamic '
-            'scales by the whole sequence, and it has no static ntk or longrope by factor)')
+            f'{", ".join(ROPE_SCALING)} (transformers\' dynamic scales by the whole sequence, and it has no static '
+            'ntk or longrope by factor)')
+  if settings.rope_extension == 'yarn' and settings.yarn_ramp == 'rotations':
+    _refuse('model.position.yarn_ramp', 'rotations', 'dimensions or exact_dimensions (transformers\' yarn ramps over '
+            'pair indices, not over rotations as the paper\'s gamma(r))')
   if settings.ssmax:
     _refuse('model.position.ssmax', True, 'False (transformers\' Llama does not scale the softmax by length)')
   return 'Qwen2ForCausalLM' if config.qkv_bias else 'LlamaForCausalLM'
@@ -59,6 +62,13 @@ def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
                                   original_max_position_embeddings=settings.original_length or context_length,
                                   low_freq_factor=settings.llama3_low_frequency_factor,
                                   high_freq_factor=settings.llama3_high_frequency_factor)
+  elif kind == 'yarn':
+    fields['rope_scaling'] = dict(rope_type='yarn', factor=settings.extension_factor,
+                                  original_max_position_embeddings=settings.original_length,
+                                  beta_fast=settings.yarn_beta, beta_slow=settings.yarn_alpha,
+                                  truncate=settings.yarn_ramp == 'dimensions',
+                                  **({'attention_factor': settings.yarn_attention_factor}
+                                     if settings.yarn_attention_factor else {}))
   if name == 'Qwen2ForCausalLM':
     fields.update(use_sliding_window=False, sliding_window=None)
   return fields

@@ -20,9 +20,11 @@ length L (the YaRN paper's r(d) = L / lambda_d):
   yarn         YaRN (Peng et al. 2023): theta_p' = (1 - g_p) theta_p / s + g_p theta_p with the ramp
                g_p = clip((r_p - alpha) / (beta - alpha), 0, 1), alpha = 1, beta = 32: pairs that turn
                fewer than alpha times over L are interpolated, more than beta times kept. The ramp is the
-               paper's, continuous in r_p (its reference code rounds alpha and beta to dimension indices and
-               ramps by index). Queries and keys are both multiplied by 0.1 ln s + 1 (the paper's
-               sqrt(1/t)), so the logits grow by its square.
+               paper's, continuous in r_p. With yarn_ramp=dimensions the ramp is the reference code's (and
+               Hugging Face's): linear in the pair index p between the pairs that turn beta and alpha times,
+               p(r) = ln(L / (2 pi r)) / ln(1 / theta_1), those two rounded outward (exact_dimensions: not
+               rounded), the upper one at most 2P - 1. Queries and keys are both multiplied by 0.1 ln s + 1
+               (the paper's sqrt(1/t); yarn_attention_factor sets another), so the logits grow by its square.
   llama3       the frequency bands of Llama 3.1 (Meta 2024): the same blend with the ramp between
                r = low_frequency_factor (1) and r = high_frequency_factor (4) rotations over L, and no
                temperature.
@@ -53,6 +55,7 @@ from transformer.positions.base import Settings, require
 
 METHODS = ('none', 'pi', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope')
 READS_ORIGINAL_LENGTH = ('dynamic_ntk', 'yarn', 'llama3', 'longrope')
+YARN_RAMPS = ('rotations', 'dimensions', 'exact_dimensions')
 
 
 def factor_list(text: str) -> tuple[float, ...]:
@@ -69,6 +72,10 @@ class ExtensionSettings(Settings):
   original_length: int = 0                   # L, the length trained at: dynamic_ntk, yarn and llama3 read it
   yarn_alpha: float = 1.0                    # YaRN: pairs turning < alpha times over L are interpolated
   yarn_beta: float = 32.0                    # YaRN: pairs turning > beta times over L are kept
+  yarn_ramp: str = 'rotations'               # YaRN: the blend linear in rotations (the paper), or in the pair index
+  #                                            between rounded bounds (dimensions: the reference code, Hugging
+  #                                            Face) or unrounded ones (exact_dimensions)
+  yarn_attention_factor: float = 0.0         # YaRN: queries' and keys' factor; 0: 0.1 ln s + 1
   llama3_low_frequency_factor: float = 1.0   # Llama 3: pairs turning < this many times over L are interpolated
   llama3_high_frequency_factor: float = 4.0  # Llama 3: pairs turning > this many times over L are kept
   longrope_short_factors: str = ''           # LongRoPE: lambda_p of each pair, head_dim / 2 numbers, used at s = 1
@@ -88,6 +95,9 @@ class ExtensionSettings(Settings):
             self.original_length, f'the training length (> 0) with rope_extension={self.rope_extension}')
     require(0.0 <= self.yarn_alpha < self.yarn_beta, 'position.yarn_alpha', self.yarn_alpha,
             f'a number >= 0 below yarn_beta={self.yarn_beta}')
+    require(self.yarn_ramp in YARN_RAMPS, 'position.yarn_ramp', self.yarn_ramp, ', '.join(YARN_RAMPS))
+    require(math.isfinite(self.yarn_attention_factor) and self.yarn_attention_factor >= 0,
+            'position.yarn_attention_factor', self.yarn_attention_factor, 'a finite number > 0, or 0 for 0.1 ln s + 1')
     require(0.0 <= self.llama3_low_frequency_factor < self.llama3_high_frequency_factor,
             'position.llama3_low_frequency_factor', self.llama3_low_frequency_factor,
             f'a number >= 0 below llama3_high_frequency_factor={self.llama3_high_frequency_factor}')
@@ -158,6 +168,27 @@ def ramp_frequencies(theta_P: chex.Array, factor: float, original_length: int, l
   return (1.0 - ramp_P) * theta_P / factor + ramp_P * theta_P
 
 
+def index_ramp_frequencies(theta_P: chex.Array, factor: float, original_length: int, lower: float, upper: float,
+                           rounded: bool) -> chex.Array:
+  """YaRN's blend with the ramp linear in the pair index p (Peng et al.'s code, Hugging Face's 'yarn'): from the
+  pair turning `upper` times over L (kept below it) to the one turning `lower` times (interpolated beyond it),
+  p(r) = ln(L / (2 pi r)) / ln(1 / theta_1), rounded outward when `rounded`."""
+  pairs = theta_P.shape[0]
+  if pairs < 2:
+    return ramp_frequencies(theta_P, factor, original_length, lower, upper)
+  step = -jnp.log(theta_P[1])
+
+  def pair_turning(rotations):
+    return jnp.log(original_length / (2.0 * math.pi * rotations)) / step
+  first, last = pair_turning(upper), pair_turning(lower)
+  if rounded:
+    first, last = jnp.floor(first), jnp.ceil(last)
+  first, last = jnp.maximum(first, 0.0), jnp.minimum(last, 2 * pairs - 1.0)
+  last = jnp.where(first == last, last + 0.001, last)
+  kept_P = 1.0 - jnp.clip((jnp.arange(pairs, dtype=jnp.float32) - first) / (last - first), 0.0, 1.0)
+  return (1.0 - kept_P) * theta_P / factor + kept_P * theta_P
+
+
 def yarn_magnitude(factor: float) -> float:
   """0.1 ln s + 1, YaRN's sqrt(1/t): what queries and keys are both multiplied by."""
   return 0.1 * math.log(factor) + 1.0
@@ -177,8 +208,12 @@ def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, seque
   if method == 'ntk':
     return ntk_frequencies(theta_P, factor), 1.0
   if method == 'yarn':
-    return (ramp_frequencies(theta_P, factor, settings.original_length, settings.yarn_alpha, settings.yarn_beta),
-            yarn_magnitude(factor))
+    magnitude = settings.yarn_attention_factor or yarn_magnitude(factor)
+    if settings.yarn_ramp == 'rotations':
+      return (ramp_frequencies(theta_P, factor, settings.original_length, settings.yarn_alpha, settings.yarn_beta),
+              magnitude)
+    return (index_ramp_frequencies(theta_P, factor, settings.original_length, settings.yarn_alpha,
+                                   settings.yarn_beta, rounded=settings.yarn_ramp == 'dimensions'), magnitude)
   if method == 'llama3':
     return ramp_frequencies(theta_P, factor, settings.original_length, settings.llama3_low_frequency_factor,
                             settings.llama3_high_frequency_factor), 1.0
