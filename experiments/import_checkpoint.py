@@ -12,7 +12,8 @@ read; a corpus of another tokenizer is refused.
 
 The workdir gets what a finished run holds: config.json (the model, its RoPE settings and extension, the corpus,
 and under `source` the checkpoint's path, format, architecture and every file's size and SHA-256),
-checkpoints/0 (the parameters, float32), summary.json (step 0), and tokenizer.json when the source has one. It is
+checkpoints/0 (the parameters, float32), summary.json (step 0), and tokenizer.json when the source has one; its
+attention runs in blocks of 1024 queries and 4096 keys, so long windows never hold L x L logits per head. It is
 written in WORKDIR.importing/ and renamed at the end, so a failed import leaves nothing; a workdir that exists
 is refused. A command that later reads the run refuses it if the source's files have changed since.
 """
@@ -36,6 +37,11 @@ from experiments.shared.files import write_json_atomically, write_text_atomicall
 _SOURCE = flags.DEFINE_string('source', None, 'A Hugging Face model folder or a .gguf file.')
 _CORPUS = flags.DEFINE_string('corpus', None, 'A corpus prepared with the model\'s tokenizer: the run\'s task.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The run to write (a new directory).')
+
+
+# Causal attention a block of queries and keys at a time (transformer/blockwise.py), so that a pretrained model's
+# long windows never form L x L logits per head: the same attention as one softmax, up to float rounding.
+LONG_QUERY_BLOCK, LONG_KEY_BLOCK = 1024, 4096
 
 
 @dataclasses.dataclass
@@ -81,6 +87,8 @@ def run_record_of(source: Source, corpus_directory: str) -> dict:
   for name, value in model.items():
     config.model[name] = tuple(value) if isinstance(value, list) else value
   config.model.position = {'kind': source.config.position.kind, **source.config.position.fields()}
+  config.model.attention_block_size = LONG_QUERY_BLOCK
+  config.model.attention_key_block_size = LONG_KEY_BLOCK
   config.train.steps = 1  # checked as a training config; the record says 0, the step it was imported at
   try:
     experiment = settings.from_config_dict(config, num_devices=1)

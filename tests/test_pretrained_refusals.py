@@ -18,6 +18,13 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'su'}})
   with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'dynamic'; valid: default, linear"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'type': 'dynamic'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r'sliding_window: got 4096 with max_position_embeddings=32768'):
+    hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'sliding_window': 4096,
+                               'max_position_embeddings': 32768})
+  for served in ({'sliding_window': None}, {'sliding_window': 4096, 'use_sliding_window': False},
+                 {'sliding_window': 32768}):
+    hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'max_position_embeddings': 32768,
+                               **served})
   with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
 

@@ -72,7 +72,7 @@ def documented_commands() -> list:
   for text in DOCS:
     for block in re.findall(r'```bash\n(.*?)```', text, re.S):
       for line in block.replace('\\\n', ' ').splitlines():
-        match = re.search(r'python -m (experiments\.\w+)(.*)', line.split('  #')[0])
+        match = re.search(r'python -m (experiments(?:\.\w+)+)(.*)', line.split('  #')[0])
         if match:
           found.append([match.group(1)] + shlex.split(re.sub(r'\[[^\]]*\]', '', match.group(2))))
   return found

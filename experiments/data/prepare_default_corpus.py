@@ -15,14 +15,16 @@ prepares the same documents, split the same way, with a pretrained model's own t
 GGUF file; experiments/prepare_corpus.py), for scoring that model on them in bits per byte.
 """
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 
+from absl import flags
+
 from experiments.data import bible, shakespeare
+from experiments.shared import cli
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'corpus')
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # where `experiments` is
@@ -49,31 +51,35 @@ def documents() -> dict[str, str]:
   return found
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--output', default=OUTPUT)
-  parser.add_argument('--tokenizer', default='', help="a pretrained model's tokenizer.json or GGUF file (default: "
-                      'the shipped BPE of 4096 tokens, trained on the documents)')
-  args = parser.parse_args()
-  flags = FLAGS
-  if args.tokenizer:
-    if not os.path.isfile(args.tokenizer):
-      sys.exit(f'error: --tokenizer: got {args.tokenizer!r}, which is not a file; valid: a tokenizer.json or .gguf')
-    flags = tuple(flag for flag in FLAGS if not flag.startswith(('--tokenizer=', '--vocab_size=')))
-    flags += (f'--tokenizer={os.path.abspath(args.tokenizer)}',)
-  if os.path.exists(args.output):
-    sys.exit(f'error: {args.output} exists; remove it first (a prepared corpus is never rewritten)')
+_OUTPUT = flags.DEFINE_string('output', OUTPUT, 'The folder to write (must not exist).')
+_TOKENIZER = flags.DEFINE_string('tokenizer', '', 'A pretrained model\'s tokenizer.json or GGUF file (default: the '
+                                 'shipped BPE of 4096 tokens, trained on the documents).')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise cli.CommandError(f'unexpected arguments: {" ".join(argv[1:])}; valid: --output, --tokenizer')
+  arguments = FLAGS
+  if _TOKENIZER.value:
+    if not os.path.isfile(_TOKENIZER.value):
+      raise cli.CommandError(f'--tokenizer: got {_TOKENIZER.value!r}, which is not a file; valid: a tokenizer.json '
+                             'or .gguf file')
+    arguments = tuple(flag for flag in FLAGS if not flag.startswith(('--tokenizer=', '--vocab_size=')))
+    arguments += (f'--tokenizer={os.path.abspath(_TOKENIZER.value)}',)
+  output = os.path.abspath(_OUTPUT.value)
+  if os.path.exists(output):
+    raise cli.CommandError(f'--output: {output} exists; valid: a new folder (a prepared corpus is never rewritten)')
   with tempfile.TemporaryDirectory() as scratch:
     for name, text in documents().items():
       path = os.path.join(scratch, 'documents', name)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, 'w', encoding='utf-8') as file:
         file.write(text)
-    subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *flags], cwd=scratch, check=True,
+    subprocess.run([sys.executable, '-m', 'experiments.prepare_corpus', *arguments], cwd=scratch, check=True,
                    env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')])))
-    shutil.move(os.path.join(scratch, 'corpus'), args.output)
-  print(f'wrote {args.output}')
+    shutil.move(os.path.join(scratch, 'corpus'), output)
+  print(f'wrote {output}')
 
 
 if __name__ == '__main__':
-  main()
+  cli.run(main)

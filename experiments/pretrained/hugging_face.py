@@ -110,6 +110,11 @@ def model_config(hf_config: dict) -> transformer.ModelConfig:
   for field in ('attention_dropout', 'mlp_bias'):
     if hf_config.get(field):
       raise PretrainedError(f'config.json: {field}: got {hf_config[field]!r}; valid: 0 or false')
+  window, longest = hf_config.get('sliding_window'), hf_config.get('max_position_embeddings') or 0
+  if window and hf_config.get('use_sliding_window', True) and window < longest:
+    raise PretrainedError(f'config.json: sliding_window: got {window} with max_position_embeddings={longest}; valid: '
+                          'null, or at least max_position_embeddings (every query here reads every earlier key, so '
+                          'beyond the window the logits would not be the model\'s)')
   qkv_bias = name == 'Qwen2ForCausalLM' or bool(hf_config.get('attention_bias', False))
   return transformer.ModelConfig(
       vocab_size=hf_config['vocab_size'], model_dim=width, num_heads=heads,
