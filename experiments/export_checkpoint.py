@@ -46,7 +46,7 @@ def main(argv):
     model, variables, tokenizer = checkpoints.load_model(_WORKDIR.value)
     context = int(resolved.get('source', {}).get('context_length') or resolved['task']['max_length'])
     config_json = hugging_face_export.hf_config(model.config, context)
-    tensors = hugging_face_export.llama_tensors(variables, model.config)
+    tensors = hugging_face_export.hf_tensors(variables, model.config)
   except (PretrainedError, ValueError, FileNotFoundError) as error:
     raise cli.CommandError(str(error)) from None
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top

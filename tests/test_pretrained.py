@@ -27,10 +27,16 @@ SHAKESPEARE_HELDOUT = (pathlib.Path(__file__).resolve().parents[1] / 'experiment
 
 
 def _tiny(architecture: str, **changes):
-  fields = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=2 * LENGTH, tie_word_embeddings=False)
+  if architecture == 'GPT2LMHeadModel':
+    fields = dict(vocab_size=97, n_embd=64, n_inner=96, n_layer=2, n_head=4, n_positions=2 * LENGTH,
+                  layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config_class = transformers.GPT2Config
+  else:
+    fields = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=2 * LENGTH,
+                  tie_word_embeddings=False)
+    config_class = getattr(transformers, architecture.replace('ForCausalLM', 'Config'))
   fields.update(changes)
-  config_class = getattr(transformers, architecture.replace('ForCausalLM', 'Config'))
   torch.manual_seed(0)
   model = getattr(transformers, architecture)(config_class(**fields)).eval()
   with torch.no_grad():  # weights far from their initialisation, norms' scales too, so that nothing cancels
@@ -67,6 +73,15 @@ def test_a_llama_checkpoint_gives_transformers_logits(tmp_path, kv_heads, tied):
 def test_qwen2s_query_key_and_value_biases_and_its_epsilon(tmp_path, eps):
   config = _compare(_tiny('Qwen2ForCausalLM', rms_norm_eps=eps, rope_theta=1e6), tmp_path)
   assert config.qkv_bias and config.layer_norm_eps == eps and config.position.settings.rope_base == 1e6
+
+
+@pytest.mark.parametrize('tied', [True, False])
+def test_gpt2s_learned_positions_fused_attention_and_conv1d_layout(tmp_path, tied):
+  """GPT2LMHeadModel: learned positions (n_positions rows), LayerNorm with biases, gelu_new, the fused c_attn and
+  Conv1D's (in x out) weights, tied or not: transformers' logits on 512 tokens."""
+  config = _compare(_tiny('GPT2LMHeadModel', tie_word_embeddings=tied), tmp_path)
+  assert config.position.kind == 'learned' and config.position.settings.max_length == 2 * LENGTH
+  assert config.tie_embeddings == tied and config.norm_type == 'layernorm' and config.activation == 'gelu'
 
 
 def test_mistral_and_bfloat16_weights(tmp_path):
@@ -221,7 +236,8 @@ def test_an_exported_run_loads_in_transformers_with_its_logits_tensors_and_greed
   np.testing.assert_array_equal(ours, continued)
 
 
-@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False), ('yarn', False)])
+@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False), ('yarn', False),
+                                                 ('gpt2', False)])
 def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_its_own(tmp_path, extension, qkv_bias):
   """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear, llama3
   and yarn (its ramp over pair indices) as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
@@ -232,26 +248,31 @@ def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_it
   settings = {'none': {}, 'pi': dict(rope_extension='pi', extension_factor=4.0),
               'llama3': dict(rope_extension='llama3', extension_factor=4.0, original_length=128),
               'yarn': dict(rope_extension='yarn', extension_factor=4.0, original_length=128, yarn_ramp='dimensions',
-                           yarn_beta=24.0)}[extension]
+                           yarn_beta=24.0), 'gpt2': {}}[extension]
   config = T.ModelConfig(vocab_size=101, model_dim=64, num_heads=4, num_kv_heads=2, feed_forward_dim=96,
                          num_encoder_layers=0, num_decoder_layers=2, activation='swiglu', norm='pre',
                          norm_type='rmsnorm', layer_norm_eps=1e-6, use_bias=False, qkv_bias=qkv_bias,
                          tie_embeddings=False, scale_embeddings=False, dropout_rate=0.0,
                          position=T.PositionConfig('rope', rope_base=5000.0, **settings))
+  if extension == 'gpt2':  # GPT-2's block: learned positions, LayerNorm, GELU, biases, multi-head, tied
+    config = config.replace(num_kv_heads=4, activation='gelu', norm_type='layernorm', use_bias=True,
+                            tie_embeddings=True, position=T.PositionConfig('learned', max_length=LENGTH))
   model = T.DecoderOnly(config)
   ids = np.random.default_rng(4).integers(0, 101, size=(2, LENGTH))
   params = model.init(jax.random.PRNGKey(0), ids[:, :8])
   params = jax.tree_util.tree_map(lambda p: p + 0.05 * jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
   os.makedirs(tmp_path / 'hf')
-  save_file(hugging_face_export.llama_tensors(params, config), str(tmp_path / 'hf' / 'model.safetensors'))
+  save_file(hugging_face_export.hf_tensors(params, config), str(tmp_path / 'hf' / 'model.safetensors'))
   (tmp_path / 'hf' / 'config.json').write_text(json.dumps(hugging_face_export.hf_config(config, 128)))
   theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'), dtype=torch.float32).eval()
-  assert type(theirs).__name__ == ('Qwen2ForCausalLM' if qkv_bias else 'LlamaForCausalLM')
+  assert type(theirs).__name__ == {'gpt2': 'GPT2LMHeadModel'}.get(extension, 'Qwen2ForCausalLM' if qkv_bias else
+                                                                  'LlamaForCausalLM')
   with torch.no_grad():
     expected = theirs(torch.tensor(ids)).logits.numpy()
   got = np.asarray(model.apply(params, ids))
   np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
   read_config, read_params = hugging_face.load(str(tmp_path / 'hf'))
   assert read_config.position == config.position
-  assert (read_config.qkv_bias, read_config.layer_norm_eps, read_config.key_value_heads) == (qkv_bias, 1e-6, 2)
+  assert (read_config.qkv_bias, read_config.layer_norm_eps, read_config.key_value_heads) == (
+      qkv_bias, 1e-6, config.key_value_heads)
   np.testing.assert_array_equal(np.asarray(T.DecoderOnly(read_config).apply(read_params, ids)), got)

@@ -1,5 +1,5 @@
 """A Hugging Face model folder (config.json and model.safetensors, or shards with model.safetensors.index.json)
-as this library's decoder: the config mapped to transformer.ModelConfig, the weights to its parameters, read
+as this library's decoder (GPT2LMHeadModel's layout: gpt2.py): the config mapped to transformer.ModelConfig, the weights to its parameters, read
 tensor by tensor with safetensors' NumPy API (bfloat16 through ml_dtypes), never needing PyTorch.
 
 The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): pre-RMSNorm, SwiGLU, grouped-query
@@ -23,7 +23,7 @@ import numpy as np
 import transformer
 
 LLAMA_LAYOUT = ('LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM')
-SUPPORTED_ARCHITECTURES = LLAMA_LAYOUT
+SUPPORTED_ARCHITECTURES = (*LLAMA_LAYOUT, 'GPT2LMHeadModel')
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -99,6 +99,9 @@ def rope_position(hf_config: dict) -> transformer.PositionConfig:
 def model_config(hf_config: dict) -> transformer.ModelConfig:
   """This library's config of the checkpoint's model; PretrainedError naming the field it cannot serve."""
   name = architecture(hf_config)
+  if name == 'GPT2LMHeadModel':
+    from experiments.pretrained import gpt2  # pylint: disable=g-import-not-at-top
+    return gpt2.model_config(hf_config)
   heads = hf_config['num_attention_heads']
   width = hf_config['hidden_size']
   head_dim = hf_config.get('head_dim') or width // heads
@@ -259,7 +262,16 @@ def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelCon
   return {'params': {'decoder': decoder, 'embedding': embedding}}
 
 
+def params_of(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, name: str) -> dict:
+  """{'params': ...} of the architecture's tensors, read(name) each."""
+  if name == 'GPT2LMHeadModel':
+    from experiments.pretrained import gpt2  # pylint: disable=g-import-not-at-top
+    return gpt2.params(read, config)
+  return llama_params(read, config)
+
+
 def load(folder: str) -> tuple[transformer.ModelConfig, dict]:
   """(the model's config, its parameters) from a Hugging Face model folder."""
-  config = model_config(read_config(folder))
-  return config, llama_params(Tensors(folder), config)
+  hf_config = read_config(folder)
+  config = model_config(hf_config)
+  return config, params_of(Tensors(folder), config, architecture(hf_config))

@@ -1,7 +1,8 @@
 """A run's decoder as a Hugging Face model folder: the inverse of hugging_face.py, for the runs transformers has a
 class for. The Llama-style block (pre-RMSNorm, SwiGLU, no biases, unscaled embeddings, RoPE) becomes
 LlamaForCausalLM, with query, key and value biases Qwen2ForCausalLM; its context extension becomes rope_scaling
-(pi -> linear, llama3, yarn with its ramp over pair indices). The query and key rows go back from this library's
+(pi -> linear, llama3, yarn with its ramp over pair indices); learned positions in GPT-2's block become
+GPT2LMHeadModel (gpt2.py). The query and key rows go back from this library's
 rotary pairs (2i, 2i + 1) to Hugging Face's halves (i, i + d/2), the inverse of hugging_face.rotary_order.
 """
 
@@ -9,6 +10,7 @@ import numpy as np
 from flax.core import meta
 
 import transformer
+from experiments.pretrained import gpt2
 from experiments.pretrained.hugging_face import PretrainedError, rotary_order
 
 ROPE_SCALING = {'none': None, 'pi': 'linear', 'llama3': 'llama3', 'yarn': 'yarn'}
@@ -19,11 +21,14 @@ def _refuse(field: str, value, valid: str):
 
 
 def architecture(config: transformer.ModelConfig) -> str:
-  """LlamaForCausalLM or Qwen2ForCausalLM; PretrainedError naming the first field transformers cannot hold."""
+  """LlamaForCausalLM, Qwen2ForCausalLM or GPT2LMHeadModel; PretrainedError naming the first field transformers
+  cannot hold."""
   kind = config.position.kind
+  if gpt2.exportable(config):
+    return gpt2.ARCHITECTURE
   if kind != 'rope':
-    _refuse('model.position.kind', kind, 'rope (transformers\' Llama and Qwen2 rotate queries and keys; no class of '
-            f'theirs holds {kind} in this block)')
+    _refuse('model.position.kind', kind, 'rope in the Llama-style block (transformers\' Llama and Qwen2), or learned '
+            f'in GPT-2\'s (pre-LayerNorm, GELU, biases); no class of theirs holds {kind} in this block')
   wanted = dict(architecture='transformer', norm='pre', norm_type='rmsnorm', activation='swiglu', use_bias=False,
                 parallel_residual=False, scale_embeddings=False)
   for field, value in wanted.items():
@@ -45,6 +50,8 @@ def architecture(config: transformer.ModelConfig) -> str:
 def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
   """config.json for the run's model, trained at context_length."""
   name = architecture(config)
+  if name == gpt2.ARCHITECTURE:
+    return gpt2.hf_config(config)
   settings = config.position.settings
   fields = dict(
       architectures=[name], model_type={'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2'}[name],
@@ -80,9 +87,10 @@ def _halves(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
   return rows_NxI.reshape(heads, head_dim, *rows_NxI.shape[1:])[:, inverse].reshape(rows_NxI.shape)
 
 
-def llama_tensors(params: dict, config: transformer.ModelConfig) -> dict:
+def hf_tensors(params: dict, config: transformer.ModelConfig) -> dict:
   """{Hugging Face name: float32 NumPy array} of transformer.DecoderOnly(config)'s {'params': ...}."""
-  architecture(config)
+  if architecture(config) == gpt2.ARCHITECTURE:
+    return gpt2.tensors(params, config)
   tree = meta.unbox(params)['params']
   heads, kv_heads, head_dim = config.num_heads, config.key_value_heads, config.head_dim
   tensors = {'model.embed_tokens.weight': tree['embedding']['embedding']['embedding'],

@@ -40,7 +40,7 @@ def read_source(path: str) -> Source:
     for weight_file in weight_files:
       if not os.path.isfile(weight_file):
         raise PretrainedError(f'--source: {weight_file} is missing (the index names it); valid: a complete folder')
-    params = hugging_face.llama_params(hugging_face.Tensors(path), config)
+    params = hugging_face.params_of(hugging_face.Tensors(path), config, hugging_face.architecture(hf_config))
     tokenizer_path = os.path.join(path, TOKENIZER_FILE)
     tokenizer = None
     if os.path.isfile(tokenizer_path):
@@ -49,7 +49,7 @@ def read_source(path: str) -> Source:
     extra = [os.path.join(path, name) for name in (hugging_face.INDEX_FILE, TOKENIZER_FILE)
              if os.path.isfile(os.path.join(path, name))]
     return Source(path=path, format='hugging_face', architecture=hugging_face.architecture(hf_config), config=config,
-                  params=params, context_length=int(hf_config.get('max_position_embeddings') or 0),
+                  params=params, context_length=int(hf_config.get('max_position_embeddings') or hf_config.get('n_positions') or 0),
                   tokenizer_json=tokenizer,
                   files=describe_files(path, [os.path.join(path, hugging_face.CONFIG_FILE), *weight_files, *extra]))
   if path.endswith('.gguf') and os.path.isfile(path):
