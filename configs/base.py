@@ -60,7 +60,7 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.num_decoder_layers = 2  # decoder layers (decoder_only, encoder_decoder)
   config.model.dropout_rate = 0.0      # residual, embedding and feed-forward dropout
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
-  config.model.activation = 'relu'     # 'relu' (the paper), 'gelu', or gated: 'swiglu' (Llama), 'geglu'
+  config.model.activation = 'relu'     # 'relu' (the paper), 'gelu' (tanh), 'gelu_exact', or gated: 'swiglu', 'geglu'
   config.model.norm = 'pre'            # 'post' (the paper) or 'pre'
   config.model.norm_type = 'layernorm'  # 'layernorm' (the paper) or 'rmsnorm' (Llama)
   config.model.layer_norm_eps = 1e-6   # the norm's epsilon (Llama 1 1e-6; Llama 2 and SmolLM2 1e-5)

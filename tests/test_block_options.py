@@ -46,6 +46,18 @@ def test_the_gated_feed_forward_is_its_formula(activation, act):
     layers.gated_feed_forward(jnp.asarray(x), gate, gate_bias, up, up_bias, down, down_bias, 'relu')
 
 
+def test_gelu_is_the_tanh_approximation_and_gelu_exact_is_x_phi_x():
+  """gelu: GPT-2's gelu_new, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); gelu_exact: x Phi(x), Phi the normal
+  CDF (scipy.stats), which GPT-NeoX and Pythia use. The two differ by up to ~5e-4."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  x = np.linspace(-6.0, 6.0, 241)
+  tanh_form = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+  np.testing.assert_allclose(np.asarray(layers.ACTIVATIONS['gelu'](jnp.asarray(x))), tanh_form, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(layers.ACTIVATIONS['gelu_exact'](jnp.asarray(x))), x * stats.norm.cdf(x),
+                             atol=1e-6)
+  assert np.abs(tanh_form - x * stats.norm.cdf(x)).max() > 1e-4  # the check above can tell them apart
+
+
 def test_the_default_block_keeps_its_parameters_and_the_options_change_them():
   """Defaults are today's block (every recorded run keeps its meaning): the same parameter names; the options
   add the gate, drop the biases, keep the query, key and value biases, and swap LayerNorm's offset away."""

@@ -27,7 +27,11 @@ SHAKESPEARE_HELDOUT = (pathlib.Path(__file__).resolve().parents[1] / 'experiment
 
 
 def _tiny(architecture: str, **changes):
-  if architecture == 'GPT2LMHeadModel':
+  if architecture == 'GPTNeoXForCausalLM':
+    fields = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=2 * LENGTH, layer_norm_eps=1e-5, hidden_dropout=0.0, attention_dropout=0.0)
+    config_class = transformers.GPTNeoXConfig
+  elif architecture == 'GPT2LMHeadModel':
     fields = dict(vocab_size=97, n_embd=64, n_inner=96, n_layer=2, n_head=4, n_positions=2 * LENGTH,
                   layer_norm_epsilon=1e-5, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     config_class = transformers.GPT2Config
@@ -82,6 +86,19 @@ def test_gpt2s_learned_positions_fused_attention_and_conv1d_layout(tmp_path, tie
   config = _compare(_tiny('GPT2LMHeadModel', tie_word_embeddings=tied), tmp_path)
   assert config.position.kind == 'learned' and config.position.settings.max_length == 2 * LENGTH
   assert config.tie_embeddings == tied and config.norm_type == 'layernorm' and config.activation == 'gelu'
+
+
+@pytest.mark.parametrize('rotary_pct, parallel, activation', [(0.25, True, 'gelu'), (0.5, False, 'gelu'),
+                                                               (1.0, True, 'gelu_new')])
+def test_gpt_neox_partial_rotation_parallel_residual_and_fused_heads(tmp_path, rotary_pct, parallel, activation):
+  """GPTNeoXForCausalLM (Pythia's layout): partial rotation (p_rope's rescaled frequencies on the first
+  rotary_pct of each head, permuted from rotate_half), the parallel residual or not, exact GELU or its tanh
+  approximation, each head's query, key and value rows fused: transformers' logits on 512 tokens."""
+  parameters = {'rope_type': 'default', 'rope_theta': 10000.0, 'partial_rotary_factor': rotary_pct}
+  config = _compare(_tiny('GPTNeoXForCausalLM', rope_parameters=parameters, use_parallel_residual=parallel,
+                          hidden_act=activation), tmp_path)
+  assert config.position.kind == ('rope' if rotary_pct == 1.0 else 'p_rope') and config.parallel_residual == parallel
+  assert config.activation == {'gelu': 'gelu_exact', 'gelu_new': 'gelu'}[activation]
 
 
 def test_mistral_and_bfloat16_weights(tmp_path):

@@ -4,6 +4,7 @@ Linear, Embedding (a gather), LayerNorm (biased variance), dropout and the posit
 feed-forward network of Vaswani et al. 2017, section 3.3.
 """
 
+import functools
 from typing import Callable, Optional
 
 import chex
@@ -47,7 +48,8 @@ def parameter(module: nn.Module, name: str, init: Callable, shape: tuple[int, ..
 
 ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {
     'relu': jax.nn.relu,  # the paper's choice
-    'gelu': jax.nn.gelu,
+    'gelu': jax.nn.gelu,  # the tanh approximation (GPT-2's gelu_new)
+    'gelu_exact': functools.partial(jax.nn.gelu, approximate=False),  # x Phi(x) (BERT, GPT-NeoX, Pythia)
 }
 # Gated feed-forwards (Shazeer 2020): the activation of a gate times a linear 'up' projection.
 GATED_ACTIVATIONS: dict[str, Callable[[chex.Array], chex.Array]] = {

@@ -1,5 +1,5 @@
 """A Hugging Face model folder (config.json and model.safetensors, or shards with model.safetensors.index.json)
-as this library's decoder (GPT2LMHeadModel's layout: gpt2.py): the config mapped to transformer.ModelConfig, the weights to its parameters, read
+as this library's decoder (GPT2LMHeadModel's layout: gpt2.py; GPTNeoXForCausalLM's: gpt_neox.py): the config mapped to transformer.ModelConfig, the weights to its parameters, read
 tensor by tensor with safetensors' NumPy API (bfloat16 through ml_dtypes), never needing PyTorch.
 
 The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM): pre-RMSNorm, SwiGLU, grouped-query
@@ -23,7 +23,7 @@ import numpy as np
 import transformer
 
 LLAMA_LAYOUT = ('LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM')
-SUPPORTED_ARCHITECTURES = (*LLAMA_LAYOUT, 'GPT2LMHeadModel')
+SUPPORTED_ARCHITECTURES = (*LLAMA_LAYOUT, 'GPT2LMHeadModel', 'GPTNeoXForCausalLM')
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -102,6 +102,9 @@ def model_config(hf_config: dict) -> transformer.ModelConfig:
   if name == 'GPT2LMHeadModel':
     from experiments.pretrained import gpt2  # pylint: disable=g-import-not-at-top
     return gpt2.model_config(hf_config)
+  if name == 'GPTNeoXForCausalLM':
+    from experiments.pretrained import gpt_neox  # pylint: disable=g-import-not-at-top
+    return gpt_neox.model_config(hf_config)
   heads = hf_config['num_attention_heads']
   width = hf_config['hidden_size']
   head_dim = hf_config.get('head_dim') or width // heads
@@ -267,6 +270,9 @@ def params_of(read: Callable[[str], np.ndarray], config: transformer.ModelConfig
   if name == 'GPT2LMHeadModel':
     from experiments.pretrained import gpt2  # pylint: disable=g-import-not-at-top
     return gpt2.params(read, config)
+  if name == 'GPTNeoXForCausalLM':
+    from experiments.pretrained import gpt_neox  # pylint: disable=g-import-not-at-top
+    return gpt_neox.params(read, config)
   return llama_params(read, config)
 
 
