@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 
+import jax
 from absl import flags
 
 from configs import corpus as corpus_config
@@ -102,6 +103,16 @@ def run_record_of(source: Source, corpus_directory: str) -> dict:
   return record
 
 
+def _on_device_in_place(tree: dict) -> None:
+  """Each NumPy leaf replaced by a jax array, one at a time, so that the host copy is freed as the device copy is
+  made: the checkpoint is written from one copy of the model, not two."""
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      _on_device_in_place(value)
+    else:
+      tree[name] = jax.device_put(value)
+
+
 def write_run(source: Source, record: dict, workdir: str) -> None:
   """The run, written in WORKDIR.importing/ and renamed to WORKDIR once whole."""
   workdir = os.path.abspath(workdir)
@@ -112,6 +123,7 @@ def write_run(source: Source, record: dict, workdir: str) -> None:
   try:
     write_json_atomically(os.path.join(partial, run_record.CONFIG_FILE), run_record.canonical(record))
     saved = checkpoints.Checkpoints(partial, keep=1)
+    _on_device_in_place(source.params['params'])
     saved.save(0, _State(step=0, params=source.params['params'], opt_state={}))
     saved.close()
     if source.tokenizer_json is not None:

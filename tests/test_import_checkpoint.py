@@ -168,3 +168,26 @@ def test_prepare_corpus_refuses_a_tokenizer_that_is_not_byte_level(tmp_path):
                             f'--output={tmp_path / "out"}', *flags)
     assert code == 2 and fragment in last, last
     assert not (tmp_path / 'out').exists()
+
+
+def test_a_fine_tune_starts_from_the_imported_parameters(imported, tmp_path):
+  """train.init_from=the imported run, in a config of the same shape (the Llama-style block, 2 key and value heads,
+  untied) on its corpus: after two steps at a learning rate of 1e-9 the parameters are the imported ones (a fresh
+  initialisation would be far off), and init_from.json names the import."""
+  _, corpus_directory, workdir = imported
+  overrides = {'model.model_dim': 32, 'model.num_heads': 4, 'model.num_kv_heads': 2, 'model.feed_forward_dim': 48,
+               'model.num_decoder_layers': 2, 'model.layer_norm_eps': 1e-5, 'model.tie_embeddings': False,
+               'task.path': corpus_directory, 'task.max_length': 32, 'task.eval_lengths': '(32,)',
+               'train.init_from': workdir, 'train.steps': 2, 'train.batch_size': 2, 'train.log_every': 1,
+               'train.eval_every': 2, 'train.checkpoint_every': 2, 'train.learning_rate': 1e-9}
+  code, _, last = command('experiments.train', '--config=configs/llama.py:corpus', f'--workdir={tmp_path / "tune"}',
+                          *(f'--config.{name}={value}' for name, value in overrides.items()))
+  assert code == 0, last
+  assert json.loads((tmp_path / 'tune' / 'init_from.json').read_text())['workdir'] == str(workdir)
+  from experiments.runs import checkpoints  # pylint: disable=g-import-not-at-top
+  _, _, tuned = checkpoints.load_run(str(tmp_path / 'tune'))
+  _, _, source = checkpoints.load_run(str(workdir))
+  import jax  # pylint: disable=g-import-not-at-top
+  difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
+      jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(source)))
+  assert difference < 1e-5  # two steps at a learning rate of 1e-9 leave the imported parameters where they were
