@@ -72,3 +72,21 @@ def test_an_export_transformers_cannot_hold_is_refused_naming_the_field():
       (llama.replace(position=T.PositionConfig('rope', ssmax=True)), r'model.position.ssmax: got True')):
     with pytest.raises(hugging_face.PretrainedError, match=message):
       hugging_face_export.architecture(changed)
+
+
+def test_a_gguf_tensor_of_a_quantization_the_package_cannot_dequantize_is_refused_naming_it():
+  """Q8_1 is one of the types the gguf package does not dequantize: the tensor and its type are named."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from gguf import GGMLQuantizationType, quants  # pylint: disable=g-import-not-at-top
+
+  class Tensor:
+    name, tensor_type = 'blk.0.attn_q.weight', GGMLQuantizationType.Q8_1
+    data = np.zeros(quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q8_1][1], np.uint8)
+
+  class Reader:
+    tensors = [Tensor()]
+
+  read = gguf_file.tensor_reader(Reader())
+  with pytest.raises(hugging_face.PretrainedError, match=r'blk.0.attn_q.weight: quantization type Q8_1, which the '
+                     r'gguf package cannot dequantize'):
+    read('blk.0.attn_q.weight')
