@@ -2,12 +2,13 @@
 
   python -m experiments.export_checkpoint --workdir=runs/NAME --output=exports/NAME
 
-Writes config.json, model.safetensors (float32) and, when the run has a tokenizer, tokenizer.json: for the runs
-transformers has a class for, the RoPE decoder in the Llama-style block (pre-RMSNorm, SwiGLU, no biases;
-LlamaForCausalLM, or Qwen2ForCausalLM with query, key and value biases), its extension as rope_scaling (pi ->
-linear, llama3, yarn ramped over pair indices; experiments/pretrained/hugging_face_export.py). Any other run is refused, naming the field and
-why. Everything is written to OUTPUT.partial/ and renamed at the end; an output folder that is not empty is
-refused.
+Writes config.json, model.safetensors (float32) and, when the run has a tokenizer, tokenizer.json, for the runs
+transformers has a class for (experiments/pretrained/hugging_face_export.py): the RoPE decoder in the Llama-style
+block (pre-RMSNorm, SwiGLU, no biases; LlamaForCausalLM, or Qwen2ForCausalLM with query, key and value biases),
+its extension as rope_scaling (pi -> linear, llama3, yarn ramped over pair indices); learned positions in GPT-2's
+block (GPT2LMHeadModel); RoPE or p_rope's rescaled partial rotation in GPT-NeoX's (GPTNeoXForCausalLM). Any other
+run is refused, naming the field and why. Everything is written to OUTPUT.partial/ and renamed at the end; an
+output folder that is not empty is refused.
 """
 
 import json

@@ -254,7 +254,7 @@ def test_an_exported_run_loads_in_transformers_with_its_logits_tensors_and_greed
 
 
 @pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False), ('yarn', False),
-                                                 ('gpt2', False)])
+                                                 ('gpt2', False), ('gpt_neox', False)])
 def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_its_own(tmp_path, extension, qkv_bias):
   """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear, llama3
   and yarn (its ramp over pair indices) as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
@@ -265,7 +265,7 @@ def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_it
   settings = {'none': {}, 'pi': dict(rope_extension='pi', extension_factor=4.0),
               'llama3': dict(rope_extension='llama3', extension_factor=4.0, original_length=128),
               'yarn': dict(rope_extension='yarn', extension_factor=4.0, original_length=128, yarn_ramp='dimensions',
-                           yarn_beta=24.0), 'gpt2': {}}[extension]
+                           yarn_beta=24.0), 'gpt2': {}, 'gpt_neox': {}}[extension]
   config = T.ModelConfig(vocab_size=101, model_dim=64, num_heads=4, num_kv_heads=2, feed_forward_dim=96,
                          num_encoder_layers=0, num_decoder_layers=2, activation='swiglu', norm='pre',
                          norm_type='rmsnorm', layer_norm_eps=1e-6, use_bias=False, qkv_bias=qkv_bias,
@@ -274,16 +274,24 @@ def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_it
   if extension == 'gpt2':  # GPT-2's block: learned positions, LayerNorm, GELU, biases, multi-head, tied
     config = config.replace(num_kv_heads=4, activation='gelu', norm_type='layernorm', use_bias=True,
                             tie_embeddings=True, position=T.PositionConfig('learned', max_length=LENGTH))
+  if extension == 'gpt_neox':  # Pythia's block: a quarter of each head rotated, the parallel residual, exact GELU
+    config = config.replace(num_kv_heads=4, activation='gelu_exact', norm_type='layernorm', use_bias=True,
+                            parallel_residual=True, position=T.PositionConfig(
+                                'p_rope', rotary_fraction=0.25, rotary_frequencies='rescaled', rope_base=5000.0))
   model = T.DecoderOnly(config)
   ids = np.random.default_rng(4).integers(0, 101, size=(2, LENGTH))
   params = model.init(jax.random.PRNGKey(0), ids[:, :8])
   params = jax.tree_util.tree_map(lambda p: p + 0.05 * jax.random.normal(jax.random.PRNGKey(1), p.shape), params)
+  if extension == 'gpt_neox':  # its embed_out has no bias
+    from flax.core import meta  # pylint: disable=g-import-not-at-top
+    params = meta.unbox(params)
+    params['params']['embedding']['output']['bias'] = np.zeros(101, np.float32)
   os.makedirs(tmp_path / 'hf')
   save_file(hugging_face_export.hf_tensors(params, config), str(tmp_path / 'hf' / 'model.safetensors'))
   (tmp_path / 'hf' / 'config.json').write_text(json.dumps(hugging_face_export.hf_config(config, 128)))
   theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / 'hf'), dtype=torch.float32).eval()
-  assert type(theirs).__name__ == {'gpt2': 'GPT2LMHeadModel'}.get(extension, 'Qwen2ForCausalLM' if qkv_bias else
-                                                                  'LlamaForCausalLM')
+  assert type(theirs).__name__ == {'gpt2': 'GPT2LMHeadModel', 'gpt_neox': 'GPTNeoXForCausalLM'}.get(
+      extension, 'Qwen2ForCausalLM' if qkv_bias else 'LlamaForCausalLM')
   with torch.no_grad():
     expected = theirs(torch.tensor(ids)).logits.numpy()
   got = np.asarray(model.apply(params, ids))

@@ -109,3 +109,66 @@ def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -
   if not config.tie_embeddings:  # embed_out has no bias; this library's untied output has one with use_bias
     embedding['output'] = {'kernel': read('embed_out.weight').T, 'bias': np.zeros(config.vocab_size, np.float32)}
   return {'params': {'decoder': {**layers, 'final_norm': final}, 'embedding': embedding}}
+
+
+def exportable(config: transformer.ModelConfig) -> bool:
+  """Whether the run's model is GPT-NeoX's block: pre-LayerNorm, GELU (either form), biases, multi-head, untied,
+  RoPE or p_rope's rescaled partial rotation without an extension."""
+  position = config.position
+  rotary = position.kind == 'rope' or (position.kind == 'p_rope' and position.settings.rotary_frequencies == 'rescaled')
+  return (rotary and position.settings.rope_extension == 'none' and not position.settings.ssmax
+          and config.norm == 'pre' and config.norm_type == 'layernorm' and config.activation in ('gelu', 'gelu_exact')
+          and config.use_bias and config.key_value_heads == config.num_heads and not config.tie_embeddings
+          and not config.scale_embeddings and config.architecture == 'transformer')
+
+
+def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
+  head_dim = config.head_dim
+  return dict(architectures=[ARCHITECTURE], model_type='gpt_neox', vocab_size=config.vocab_size,
+              hidden_size=config.model_dim, num_attention_heads=config.num_heads,
+              num_hidden_layers=config.num_decoder_layers, intermediate_size=config.feed_forward_dim,
+              hidden_act={'gelu_exact': 'gelu', 'gelu': 'gelu_new'}[config.activation],
+              rotary_pct=_rotated(config) / head_dim, rotary_emb_base=config.position.settings.rope_base,
+              max_position_embeddings=context_length, layer_norm_eps=config.layer_norm_eps,
+              use_parallel_residual=config.parallel_residual, tie_word_embeddings=False, attention_bias=True,
+              hidden_dropout=0.0, attention_dropout=0.0, torch_dtype='float32')
+
+
+def tensors(variables: dict, config: transformer.ModelConfig) -> dict:
+  """{GPTNeoXForCausalLM name: float32 NumPy array} of transformer.DecoderOnly(config)'s {'params': ...}."""
+  from flax.core import meta  # pylint: disable=g-import-not-at-top
+  tree = meta.unbox(variables)['params']
+  heads, head_dim, width = config.num_heads, config.head_dim, config.model_dim
+  inverse = np.argsort(feature_order(config))
+  if np.any(np.asarray(tree['embedding']['output']['bias'])):
+    raise PretrainedError('model.use_bias: the output projection has a bias; valid for GPTNeoXForCausalLM: an output '
+                          'bias of zeros (its embed_out has none)')
+  found = {'gpt_neox.embed_in.weight': tree['embedding']['embedding']['embedding'],
+           'embed_out.weight': np.asarray(tree['embedding']['output']['kernel']).T,
+           'gpt_neox.final_layer_norm.weight': tree['decoder']['final_norm']['scale'],
+           'gpt_neox.final_layer_norm.bias': tree['decoder']['final_norm']['bias']}
+  for index in range(config.num_decoder_layers):
+    layer, prefix = tree['decoder'][f'layer_{index}'], f'gpt_neox.layers.{index}'
+    attention = layer['self_attention']
+    rows, biases = [], []
+    for name in ('query', 'key', 'value'):
+      kernel = np.asarray(attention[name]['kernel']).T.reshape(heads, head_dim, width)
+      bias = np.asarray(attention[name]['bias']).reshape(heads, head_dim)
+      if name != 'value':
+        kernel, bias = kernel[:, inverse], bias[:, inverse]
+      rows.append(kernel)
+      biases.append(bias)
+    found[f'{prefix}.attention.query_key_value.weight'] = np.stack(rows, axis=1).reshape(3 * width, width)
+    found[f'{prefix}.attention.query_key_value.bias'] = np.stack(biases, axis=1).reshape(3 * width)
+    found[f'{prefix}.attention.dense.weight'] = np.asarray(attention['out']['kernel']).T
+    found[f'{prefix}.attention.dense.bias'] = attention['out']['bias']
+    feed_forward = layer['feed_forward']
+    found.update({f'{prefix}.mlp.dense_h_to_4h.weight': np.asarray(feed_forward['hidden_kernel']).T,
+                  f'{prefix}.mlp.dense_h_to_4h.bias': feed_forward['hidden_bias'],
+                  f'{prefix}.mlp.dense_4h_to_h.weight': np.asarray(feed_forward['output_kernel']).T,
+                  f'{prefix}.mlp.dense_4h_to_h.bias': feed_forward['output_bias']})
+    for ours, theirs in (('self_attention_residual', 'input_layernorm'),
+                         ('feed_forward_residual', 'post_attention_layernorm')):
+      found[f'{prefix}.{theirs}.weight'] = layer[ours]['LayerNorm_0']['scale']
+      found[f'{prefix}.{theirs}.bias'] = layer[ours]['LayerNorm_0']['bias']
+  return {name: np.ascontiguousarray(np.asarray(array, np.float32)) for name, array in found.items()}

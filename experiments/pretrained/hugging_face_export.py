@@ -2,7 +2,8 @@
 class for. The Llama-style block (pre-RMSNorm, SwiGLU, no biases, unscaled embeddings, RoPE) becomes
 LlamaForCausalLM, with query, key and value biases Qwen2ForCausalLM; its context extension becomes rope_scaling
 (pi -> linear, llama3, yarn with its ramp over pair indices); learned positions in GPT-2's block become
-GPT2LMHeadModel (gpt2.py). The query and key rows go back from this library's
+GPT2LMHeadModel (gpt2.py), and RoPE or p_rope's rescaled partial rotation in GPT-NeoX's block (LayerNorm, GELU,
+biases, untied) GPTNeoXForCausalLM (gpt_neox.py). The query and key rows go back from this library's
 rotary pairs (2i, 2i + 1) to Hugging Face's halves (i, i + d/2), the inverse of hugging_face.rotary_order.
 """
 
@@ -10,7 +11,7 @@ import numpy as np
 from flax.core import meta
 
 import transformer
-from experiments.pretrained import gpt2
+from experiments.pretrained import gpt2, gpt_neox
 from experiments.pretrained.hugging_face import PretrainedError, rotary_order
 
 ROPE_SCALING = {'none': None, 'pi': 'linear', 'llama3': 'llama3', 'yarn': 'yarn'}
@@ -26,6 +27,8 @@ def architecture(config: transformer.ModelConfig) -> str:
   kind = config.position.kind
   if gpt2.exportable(config):
     return gpt2.ARCHITECTURE
+  if gpt_neox.exportable(config):
+    return gpt_neox.ARCHITECTURE
   if kind != 'rope':
     _refuse('model.position.kind', kind, 'rope in the Llama-style block (transformers\' Llama and Qwen2), or learned '
             f'in GPT-2\'s (pre-LayerNorm, GELU, biases); no class of theirs holds {kind} in this block')
@@ -52,6 +55,8 @@ def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
   name = architecture(config)
   if name == gpt2.ARCHITECTURE:
     return gpt2.hf_config(config)
+  if name == gpt_neox.ARCHITECTURE:
+    return gpt_neox.hf_config(config, context_length)
   settings = config.position.settings
   fields = dict(
       architectures=[name], model_type={'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2'}[name],
@@ -89,8 +94,11 @@ def _halves(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
 
 def hf_tensors(params: dict, config: transformer.ModelConfig) -> dict:
   """{Hugging Face name: float32 NumPy array} of transformer.DecoderOnly(config)'s {'params': ...}."""
-  if architecture(config) == gpt2.ARCHITECTURE:
+  name = architecture(config)
+  if name == gpt2.ARCHITECTURE:
     return gpt2.tensors(params, config)
+  if name == gpt_neox.ARCHITECTURE:
+    return gpt_neox.tensors(params, config)
   tree = meta.unbox(params)['params']
   heads, kv_heads, head_dim = config.num_heads, config.key_value_heads, config.head_dim
   tensors = {'model.embed_tokens.weight': tree['embedding']['embedding']['embedding'],
