@@ -10,7 +10,7 @@ import numpy as np
 from flax.core import meta
 
 import transformer
-from experiments.pretrained.hugging_face import PretrainedError, checked
+from experiments.pretrained.hugging_face import PretrainedError, checked, unbiased_output
 
 ARCHITECTURE = 'GPT2LMHeadModel'
 TANH_GELU = ('gelu_new', 'gelu_pytorch_tanh')  # this library's gelu is jax.nn.gelu, the tanh approximation
@@ -71,8 +71,8 @@ def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -
         'feed_forward_residual': norm(f'{prefix}.ln_2')}
   final = norm('transformer.ln_f')['LayerNorm_0']
   embedding = {'embedding': {'embedding': read('transformer.wte.weight')}}
-  if not config.tie_embeddings:  # lm_head has no bias; this library's untied output has one with use_bias
-    embedding['output'] = {'kernel': read('lm_head.weight').T, 'bias': np.zeros(config.vocab_size, np.float32)}
+  if not config.tie_embeddings:
+    embedding['output'] = unbiased_output(read('lm_head.weight'))
   return {'params': {'decoder': {**layers, 'final_norm': final, 'position': {'table': read('transformer.wpe.weight')}},
                      'embedding': embedding}}
 

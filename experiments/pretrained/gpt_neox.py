@@ -12,7 +12,7 @@ import numpy as np
 
 import transformer
 from experiments.pretrained import hugging_face
-from experiments.pretrained.hugging_face import PretrainedError, checked
+from experiments.pretrained.hugging_face import PretrainedError, checked, unbiased_output
 
 ARCHITECTURE = 'GPTNeoXForCausalLM'
 ACTIVATIONS = {'gelu': 'gelu_exact', 'gelu_new': 'gelu', 'gelu_pytorch_tanh': 'gelu'}
@@ -106,8 +106,8 @@ def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -
         'feed_forward_residual': norm(f'{prefix}.post_attention_layernorm')}
   final = norm('gpt_neox.final_layer_norm')['LayerNorm_0']
   embedding = {'embedding': {'embedding': read('gpt_neox.embed_in.weight')}}
-  if not config.tie_embeddings:  # embed_out has no bias; this library's untied output has one with use_bias
-    embedding['output'] = {'kernel': read('embed_out.weight').T, 'bias': np.zeros(config.vocab_size, np.float32)}
+  if not config.tie_embeddings:
+    embedding['output'] = unbiased_output(read('embed_out.weight'))
   return {'params': {'decoder': {**layers, 'final_norm': final}, 'embedding': embedding}}
 
 

@@ -216,6 +216,12 @@ def checked(read: Callable[[str], np.ndarray], shape_of: Callable[[str], tuple],
   return read_checked
 
 
+def unbiased_output(rows_VxD: np.ndarray) -> dict:
+  """An untied output projection without a bias (GPT-2's lm_head, GPT-NeoX's embed_out) as this library's, which
+  has one under use_bias: the kernel, and a bias of zeros."""
+  return {'kernel': rows_VxD.T, 'bias': np.zeros(rows_VxD.shape[0], np.float32)}
+
+
 def llama_shape(name: str, config: transformer.ModelConfig) -> tuple:
   """The shape config.json gives a Llama-layout tensor (a Linear's weight out x in)."""
   width, vocabulary, hidden = config.model_dim, config.vocab_size, config.feed_forward_dim
