@@ -16,7 +16,7 @@ length L (the YaRN paper's r(d) = L / lambda_d):
                YaRN paper prescribes) equals the full pass at every position: with one factor per call, a
                cache would hold deeper layers' keys computed with older factors than the full pass's.
                Inputs up to L are RoPE; a shorter input scales back down. Computed as a logits term on
-               unrotated queries and keys (dynamic_ntk_logits), B x H x Lq x Lk x P inside each block.
+               unrotated queries and keys (dynamic_ntk_logits), one pair at a time inside each block.
   yarn         YaRN (Peng et al. 2023): theta_p' = (1 - g_p) theta_p / s + g_p theta_p with the ramp
                g_p = clip((r_p - alpha) / (beta - alpha), 0, 1), alpha = 1, beta = 32: pairs that turn
                fewer than alpha times over L are interpolated, more than beta times kept. The ramp is the
@@ -49,6 +49,7 @@ import dataclasses
 import math
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from transformer.positions.base import Settings, require
@@ -255,7 +256,6 @@ def dynamic_ntk_logits(query_BxLqxHxK: chex.Array, key_BxLkxGxK: chex.Array, q_p
   chex.assert_rank([query_BxLqxHxK, key_BxLkxGxK], 4)
   theta_BxLqxP = ntk_frequencies(theta_P, dynamic_factor(q_positions_BxLq, original_length)[..., None])
   distance_BxLqxLk = (q_positions_BxLq[:, :, None] - k_positions_BxLk[:, None, :]).astype(jnp.float32)
-  angle_Bx1x1xLqxLkxP = (distance_BxLqxLk[..., None] * theta_BxLqxP[:, :, None, :])[:, None, None]
   batch, length_q, heads, head_dim = query_BxLqxHxK.shape
   length_k, groups = key_BxLkxGxK.shape[1], key_BxLkxGxK.shape[2]
 
@@ -265,10 +265,18 @@ def dynamic_ntk_logits(query_BxLqxHxK: chex.Array, key_BxLkxGxK: chex.Array, q_p
     return rows[..., 0], rows[..., 1]
 
   (q_even, q_odd), (k_even, k_odd) = pairs(query_BxLqxHxK, heads // groups), pairs(key_BxLkxGxK, 1)
-  q_even, q_odd = q_even[..., None, :], q_odd[..., None, :]  # against every key
-  k_even, k_odd = k_even[..., None, :, :], k_odd[..., None, :, :]  # for every query
-  real = q_even * k_even + q_odd * k_odd
-  imaginary = q_odd * k_even - q_even * k_odd
-  rotated = real * jnp.cos(angle_Bx1x1xLqxLkxP) - imaginary * jnp.sin(angle_Bx1x1xLqxLkxP)
-  term_BxHxLqxLk = scale * jnp.sum(rotated - real, axis=-1).reshape(batch, heads, length_q, length_k)
+
+  def add_pair(total, pair):  # one pair's term at a time: B x H x Lq x Lk x P at once would not fit at long lengths
+    theta_BxLq, q_even_p, q_odd_p, k_even_p, k_odd_p = pair
+    angle_Bx1x1xLqxLk = (distance_BxLqxLk * theta_BxLq[:, :, None])[:, None, None]
+    q_even_p, q_odd_p = q_even_p[..., None], q_odd_p[..., None]  # against every key
+    k_even_p, k_odd_p = k_even_p[..., None, :], k_odd_p[..., None, :]  # for every query
+    real = q_even_p * k_even_p + q_odd_p * k_odd_p
+    imaginary = q_odd_p * k_even_p - q_even_p * k_odd_p
+    return total + (real * jnp.cos(angle_Bx1x1xLqxLk) - imaginary * jnp.sin(angle_Bx1x1xLqxLk) - real), None
+
+  by_pair = [jnp.moveaxis(x, -1, 0) for x in (theta_BxLqxP, q_even, q_odd, k_even, k_odd)]
+  total = jnp.zeros((batch, groups, heads // groups, length_q, length_k), jnp.float32)
+  total, _ = jax.lax.scan(add_pair, total, by_pair)
+  term_BxHxLqxLk = scale * total.reshape(batch, heads, length_q, length_k)
   return term_BxHxLqxLk
