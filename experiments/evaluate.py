@@ -13,8 +13,8 @@ seeds are its source's and its own), the mean over seeds with its 95% t interval
 (experiments/evaluation/length_table.py); runs of two configurations under one label are refused before anything is
 evaluated. --collect writes them from evaluation directories already on disk. The original length is
 read from each run. Methods other than none apply to runs of a rotary variant; for the others they are
-skipped, with a line saying so. --factor is s for pi, ntk, yarn, llama3 and longrope (the new length over
-the original one; required for them), while dynamic_ntk computes its own. --rope_scaling=config.json gives
+skipped, with a line saying so. --factor is s for pi, ntk, dynamic_ntk_sequence, yarn, llama3 and longrope (the
+new length over the original one; required for them), while dynamic_ntk computes its own. --rope_scaling=config.json gives
 longrope the factors of a Hugging Face config (its rope_scaling; experiments/evaluation/rope_scaling.py).
 --position sets other variants' analogues (interpolation_factor of sinusoidal and learned tables, the
 NoPE temperature of Llama 4) on every run.
@@ -85,7 +85,7 @@ _TRIALS = flags.DEFINE_integer('trials', 20, '--probe: prompts per (length, dept
 _PROBE_FILLER = flags.DEFINE_enum('probe_filler', 'heldout', list(probes.FILLERS), '--probe: heldout (the run\'s '
                                   'held-out text) or classic (the repeated sentences of Mohtashami & Jaggi).')
 
-STATIC = ('pi', 'ntk', 'yarn', 'llama3', 'longrope')
+STATIC = ('pi', 'ntk', 'dynamic_ntk_sequence', 'yarn', 'llama3', 'longrope')
 
 
 def _requests(methods: list[str]) -> list[long_context.Request]:

@@ -54,6 +54,37 @@ def test_frequencies_and_temperature_worked_by_hand(method, factor, expected, ma
     assert theta[-1] == pytest.approx(THETA[-1] / factor, rel=1e-5)  # the lowest frequency is exactly 1/s of itself
 
 
+@pytest.mark.parametrize('length, expected', [
+    # Hugging Face's dynamic, L = 128, s = 2: s' = 2 max(l, 128) / 128 - 1; theta_p' = theta_p s'^(-p/3) (base s'^(8/6)).
+    (512, [1.0, 0.05227580, 0.002732759, 0.0001428571]),  # s' = 7
+    (192, [1.0, 0.07937005, 0.006299605, 0.0005]),  # s' = 2: NTK at 2, the row above
+    (128, THETA), (64, THETA),  # up to L: RoPE
+])
+def test_dynamic_ntk_by_sequence_worked_by_hand(length, expected):
+  settings = _settings('dynamic_ntk_sequence', 2.0)
+  for sequence_length in (length, jnp.asarray(length)):  # static, or traced as a full pass's largest position
+    theta, magnitude = extension.extended_frequencies(rope.rope_frequencies(HEAD_DIM, BASE), settings, sequence_length)
+    np.testing.assert_allclose(np.asarray(theta), expected, rtol=1e-5)
+    assert magnitude == 1.0
+
+
+def test_dynamic_ntk_by_sequence_is_ntk_at_the_whole_windows_factor():
+  """Every position of a 12-token input with L = 4 and s = 1.5 gives NTK at s' = 1.5 * 12 / 4 - 0.5 = 4, the
+  first positions too; an input of 4 is RoPE."""
+  long_inputs, short_inputs = tokens(2, 12, seed=1), tokens(2, 4, seed=2)
+  plain = T.DecoderOnly(tiny('rope'))
+  params = init(plain, long_inputs)
+
+  def outputs(method, factor, inputs):
+    position = dict(rope_extension=method, extension_factor=factor, original_length=4)
+    return T.DecoderOnly(tiny('rope', position=position)).apply(params, inputs)
+
+  by_sequence = outputs('dynamic_ntk_sequence', 1.5, long_inputs)
+  np.testing.assert_allclose(by_sequence, outputs('ntk', 4.0, long_inputs), atol=2e-6, rtol=1e-6)
+  assert not np.allclose(by_sequence[:, :4], plain.apply(params, long_inputs)[:, :4], atol=1e-3)
+  np.testing.assert_array_equal(outputs('dynamic_ntk_sequence', 1.5, short_inputs), plain.apply(params, short_inputs))
+
+
 def _model_outputs(kind, method, factor, inputs, original_length=4, **position):
   config = tiny(kind, position=dict(rope_extension=method, extension_factor=factor,
                                     original_length=original_length, **position))
@@ -127,10 +158,11 @@ def test_dynamic_ntk_is_ntk_at_each_querys_factor_and_scales_back_down():
 
 @pytest.mark.slow
 @pytest.mark.parametrize('kind', ROTARY)
-@pytest.mark.parametrize('method', STATIC + ('dynamic_ntk',))
+@pytest.mark.parametrize('method', STATIC + ('dynamic_ntk', 'dynamic_ntk_sequence'))
 def test_cached_decoding_equals_the_full_pass(kind, method):
   """Cached steps (chunks of 2, 1, 1, 3 tokens, in query blocks of 4 over key blocks of 4) give the full
-  pass's logits, two layers; for dynamic NTK every position past the third has a factor of its own."""
+  pass's logits, two layers; for dynamic NTK every position past the third has a factor of its own, by sequence
+  every step the factor of the cache's capacity."""
   inputs = tokens(2, 7, seed=3)
   changes = dict(position=dict(rope_extension=method, extension_factor=1.0 if method == 'dynamic_ntk' else 2.5,
                                original_length=3), attention_block_size=4, attention_key_block_size=4)

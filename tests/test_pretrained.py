@@ -141,6 +141,7 @@ def smollm2_gguf(tmp_path_factory):
 
 ROPE_SCALINGS = {
     'linear': {'rope_type': 'linear', 'factor': 4.0},
+    'dynamic': {'rope_type': 'dynamic', 'factor': 2.0},  # transformers' L: max_position_embeddings, 128 here
     'llama3': {'rope_type': 'llama3', 'factor': 8.0, 'original_max_position_embeddings': 128, 'low_freq_factor': 1.0,
                'high_freq_factor': 4.0},
     'longrope': {'rope_type': 'longrope', 'original_max_position_embeddings': 128,
@@ -155,12 +156,13 @@ ROPE_SCALINGS = {
 
 @pytest.mark.parametrize('name', sorted(ROPE_SCALINGS))
 def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_length(tmp_path, name):
-  """rope_scaling read as this library's extension (linear -> pi, llama3, longrope, yarn with the ramp over pair
-  indices, rounded or not, its betas and attention factor given or from mscale), on 512 tokens, four times the
-  original 128: transformers' logits."""
+  """rope_scaling read as this library's extension (linear -> pi, dynamic -> dynamic_ntk_sequence, llama3, longrope,
+  yarn with the ramp over pair indices, rounded or not, its betas and attention factor given or from mscale), on 512
+  tokens, four times the original 128: transformers' logits."""
   parameters = {'rope_theta': 10000.0, **ROPE_SCALINGS[name]}
-  config = _compare(_tiny('LlamaForCausalLM', rope_parameters=parameters, max_position_embeddings=1024), tmp_path)
-  expected = {'linear': 'pi'}.get(parameters['rope_type'], parameters['rope_type'])
+  longest = 128 if name == 'dynamic' else 1024
+  config = _compare(_tiny('LlamaForCausalLM', rope_parameters=parameters, max_position_embeddings=longest), tmp_path)
+  expected = {'linear': 'pi', 'dynamic': 'dynamic_ntk_sequence'}.get(parameters['rope_type'], parameters['rope_type'])
   assert config.position.settings.rope_extension == expected
 
 
@@ -253,16 +255,19 @@ def test_an_exported_run_loads_in_transformers_with_its_logits_tensors_and_greed
   np.testing.assert_array_equal(ours, continued)
 
 
-@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('llama3', False), ('yarn', False),
-                                                 ('gpt2', False), ('gpt_neox', False)])
+@pytest.mark.parametrize('extension, qkv_bias', [('none', True), ('pi', False), ('dynamic_ntk_sequence', False),
+                                                 ('llama3', False), ('yarn', False), ('gpt2', False),
+                                                 ('gpt_neox', False)])
 def test_a_model_of_ours_exported_and_read_back_gives_transformers_logits_and_its_own(tmp_path, extension, qkv_bias):
-  """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear, llama3
-  and yarn (its ramp over pair indices) as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
+  """A Llama-style model of this library (random weights; query, key and value biases -> Qwen2; pi -> linear,
+  dynamic_ntk_sequence -> dynamic, llama3 and yarn (its ramp over pair indices) as rope_scaling, on 512 tokens, four times the original 128): transformers' logits from the exported
   folder, and read back (ours -> Hugging Face -> ours) the same logits exactly."""
   import jax  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   from experiments.pretrained import hugging_face_export  # pylint: disable=g-import-not-at-top
   settings = {'none': {}, 'pi': dict(rope_extension='pi', extension_factor=4.0),
+              'dynamic_ntk_sequence': dict(rope_extension='dynamic_ntk_sequence', extension_factor=2.0,
+                                           original_length=128),
               'llama3': dict(rope_extension='llama3', extension_factor=4.0, original_length=128),
               'yarn': dict(rope_extension='yarn', extension_factor=4.0, original_length=128, yarn_ramp='dimensions',
                            yarn_beta=24.0), 'gpt2': {}, 'gpt_neox': {}}[extension]

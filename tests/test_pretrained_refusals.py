@@ -16,8 +16,11 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
     hugging_face.model_config({**base, 'architectures': ['BertModel']})
   with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'su'; valid: default, linear"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'rope_type': 'su'}})
-  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'dynamic'; valid: default, linear"):
-    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'type': 'dynamic'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r"rope scaling type 'mrope'; valid: default, linear, dynamic"):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'rope_scaling': {'type': 'mrope'}})
+  with pytest.raises(hugging_face.PretrainedError, match=r'max_position_embeddings: missing; valid: .* dynamic'):
+    hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'],
+                               'rope_scaling': {'type': 'dynamic', 'factor': 2.0}})
   with pytest.raises(hugging_face.PretrainedError, match=r'sliding_window: got 4096 with max_position_embeddings=32768'):
     hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'sliding_window': 4096,
                                'max_position_embeddings': 32768})

@@ -50,7 +50,7 @@ def architecture(hf_config: dict) -> str:
   return names[0]
 
 
-ROPE_TYPES = ('default', 'linear', 'llama3', 'longrope', 'yarn')
+ROPE_TYPES = ('default', 'linear', 'dynamic', 'llama3', 'longrope', 'yarn')
 
 
 def yarn_scale(factor: float, mscale: float = 1.0) -> float:
@@ -62,7 +62,8 @@ def rope_position(hf_config: dict) -> transformer.PositionConfig:
   """RoPE with the checkpoint's base and its rope_scaling (or transformers 5's rope_parameters) as this library's
   context extension: linear -> pi, llama3, longrope (its factor lists, the set chosen by the sequence's length,
   as transformers does), yarn (its ramp over pair indices, beta_fast, beta_slow, truncate, attention_factor or
-  mscale), each with its original_max_position_embeddings. Any other type (dynamic) is refused by name, never
+  mscale), each with its original_max_position_embeddings; dynamic -> dynamic_ntk_sequence, whose L is
+  max_position_embeddings (transformers' dynamic reads that one). Any other type is refused by name, never
   dropped."""
   scaling = {**(hf_config.get('rope_scaling') or {}), **(hf_config.get('rope_parameters') or {})}
   kind = scaling.get('rope_type') or scaling.get('type') or 'default'
@@ -80,6 +81,12 @@ def rope_position(hf_config: dict) -> transformer.PositionConfig:
                   yarn_alpha=float(scaling.get('beta_slow') or 1.0), yarn_beta=float(scaling.get('beta_fast') or 32.0),
                   yarn_ramp='dimensions' if scaling.get('truncate', True) else 'exact_dimensions',
                   yarn_attention_factor=float(attention or 0.0))
+  elif kind == 'dynamic':
+    if not longest:
+      raise PretrainedError('config.json: max_position_embeddings: missing; valid: the context length, which '
+                            'transformers\' dynamic scaling reads as its original length')
+    fields.update(rope_extension='dynamic_ntk_sequence', extension_factor=float(scaling['factor']),
+                  original_length=int(longest))
   elif kind == 'llama3':
     fields.update(rope_extension='llama3', extension_factor=float(scaling['factor']), original_length=original,
                   llama3_low_frequency_factor=float(scaling['low_freq_factor']),
@@ -91,8 +98,7 @@ def rope_position(hf_config: dict) -> transformer.PositionConfig:
                   longrope_long_factors=' '.join(str(float(f)) for f in scaling['long_factor']),
                   longrope_attention_factor=float(scaling.get('attention_factor') or 0.0), longrope_by_length=True)
   elif kind != 'default':
-    raise PretrainedError(f'config.json: rope scaling type {kind!r}; valid: {", ".join(ROPE_TYPES)} (dynamic NTK\'s '
-                          'factor by the whole sequence is not the per-query one this library computes)')
+    raise PretrainedError(f'config.json: rope scaling type {kind!r}; valid: {", ".join(ROPE_TYPES)}')
   return transformer.PositionConfig('rope', **fields)
 
 

@@ -14,7 +14,7 @@ import transformer
 from experiments.pretrained import gpt2, gpt_neox
 from experiments.pretrained.hugging_face import PretrainedError, rotary_order
 
-ROPE_SCALING = {'none': None, 'pi': 'linear', 'llama3': 'llama3', 'yarn': 'yarn'}
+ROPE_SCALING = {'none': None, 'pi': 'linear', 'dynamic_ntk_sequence': 'dynamic', 'llama3': 'llama3', 'yarn': 'yarn'}
 
 
 def _refuse(field: str, value, valid: str):
@@ -40,8 +40,8 @@ def architecture(config: transformer.ModelConfig) -> str:
   settings = config.position.settings
   if settings.rope_extension not in ROPE_SCALING:
     _refuse('model.position.rope_extension', settings.rope_extension,
-            f'{", ".join(ROPE_SCALING)} (transformers\' dynamic scales by the whole sequence, and it has no static '
-            'ntk or longrope by factor)')
+            f'{", ".join(ROPE_SCALING)} (transformers\' dynamic is dynamic_ntk_sequence, one factor per sequence, and '
+            'it has no static ntk or longrope by factor)')
   if settings.rope_extension == 'yarn' and settings.yarn_ramp == 'rotations':
     _refuse('model.position.yarn_ramp', 'rotations', 'dimensions or exact_dimensions (transformers\' yarn ramps over '
             'pair indices, not over rotations as the paper\'s gamma(r))')
@@ -69,6 +69,9 @@ def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
   kind = ROPE_SCALING[settings.rope_extension]
   if kind == 'linear':
     fields['rope_scaling'] = dict(rope_type='linear', factor=settings.extension_factor)
+  elif kind == 'dynamic':  # transformers' L is max_position_embeddings
+    fields.update(rope_scaling=dict(rope_type='dynamic', factor=settings.extension_factor),
+                  max_position_embeddings=settings.original_length)
   elif kind == 'llama3':
     fields['rope_scaling'] = dict(rope_type='llama3', factor=settings.extension_factor,
                                   original_max_position_embeddings=settings.original_length or context_length,

@@ -17,6 +17,13 @@ length L (the YaRN paper's r(d) = L / lambda_d):
                cache would hold deeper layers' keys computed with older factors than the full pass's.
                Inputs up to L are RoPE; a shorter input scales back down. Computed as a logits term on
                unrotated queries and keys (dynamic_ntk_logits), one pair at a time inside each block.
+  dynamic_ntk_sequence
+               Hugging Face's 'dynamic': ntk with one factor for the whole sequence from its length l,
+               s' = s max(l, L) / L - (s - 1) (base' = base s'^(d / (d - 2))), so RoPE up to L and s' growing
+               with l beyond it (s' = l / L at s = 1). l is a full pass's 1 + largest position of a real token,
+               or the cache's capacity when decoding (as longrope_by_length): a cached decoding rotates every
+               token as the full pass over its capacity does (Hugging Face rescales at the length reached so
+               far and keeps the keys it rotated before). Every position depends on the sequence's length.
   yarn         YaRN (Peng et al. 2023): theta_p' = (1 - g_p) theta_p / s + g_p theta_p with the ramp
                g_p = clip((r_p - alpha) / (beta - alpha), 0, 1), alpha = 1, beta = 32: pairs that turn
                fewer than alpha times over L are interpolated, more than beta times kept. The ramp is the
@@ -54,8 +61,8 @@ import jax.numpy as jnp
 
 from transformer.positions.base import Settings, require
 
-METHODS = ('none', 'pi', 'ntk', 'dynamic_ntk', 'yarn', 'llama3', 'longrope')
-READS_ORIGINAL_LENGTH = ('dynamic_ntk', 'yarn', 'llama3', 'longrope')
+METHODS = ('none', 'pi', 'ntk', 'dynamic_ntk', 'dynamic_ntk_sequence', 'yarn', 'llama3', 'longrope')
+READS_ORIGINAL_LENGTH = ('dynamic_ntk', 'dynamic_ntk_sequence', 'yarn', 'llama3', 'longrope')
 YARN_RAMPS = ('rotations', 'dimensions', 'exact_dimensions')
 
 
@@ -68,7 +75,7 @@ def factor_list(text: str) -> tuple[float, ...]:
 @dataclasses.dataclass(frozen=True)
 class ExtensionSettings(Settings):
   """The extension fields of every rotary variant (model.position.<field>)."""
-  rope_extension: str = 'none'               # none, pi, ntk, dynamic_ntk, yarn, llama3 (extension.py)
+  rope_extension: str = 'none'               # none, pi, ntk, dynamic_ntk(_sequence), yarn, llama3, longrope
   extension_factor: float = 1.0              # s: positions m / s (pi); dynamic_ntk reads s from the length
   original_length: int = 0                   # L, the length trained at: dynamic_ntk, yarn and llama3 read it
   yarn_alpha: float = 1.0                    # YaRN: pairs turning < alpha times over L are interpolated
@@ -132,9 +139,11 @@ class ExtensionSettings(Settings):
         require(count == head_dim // 2, f'position.{field}', f'{count} numbers',
                 f'{head_dim // 2}, one per pair of dimensions of a head of width {head_dim}')
 
-  def longrope_reads_length(self) -> bool:
-    """Whether the length of the sequence served picks LongRoPE's factor set (longrope_by_length)."""
-    return self.rope_extension == 'longrope' and self.longrope_by_length
+  def reads_sequence_length(self) -> bool:
+    """Whether the frequencies depend on the length of the sequence served: LongRoPE's set with
+    longrope_by_length, dynamic_ntk_sequence's factor."""
+    return (self.rope_extension == 'longrope' and self.longrope_by_length) or (
+        self.rope_extension == 'dynamic_ntk_sequence')
 
   def longrope_keeps_first(self) -> int:
     """How many first positions LongRoPE leaves rotated as trained (longrope_keep_first; 0 for other methods)."""
@@ -202,6 +211,8 @@ def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, seque
   method, factor = settings.rope_extension, settings.extension_factor
   if method == 'longrope':
     return longrope_frequencies(theta_P, settings, sequence_length)
+  if method == 'dynamic_ntk_sequence':
+    return ntk_frequencies(theta_P, sequence_factor(factor, settings.original_length, sequence_length)), 1.0
   if method == 'none' or factor == 1.0:
     return theta_P, 1.0
   if method == 'pi':
@@ -218,7 +229,15 @@ def extended_frequencies(theta_P: chex.Array, settings: ExtensionSettings, seque
   if method == 'llama3':
     return ramp_frequencies(theta_P, factor, settings.original_length, settings.llama3_low_frequency_factor,
                             settings.llama3_high_frequency_factor), 1.0
-  raise ValueError(f'position.rope_extension: got {method!r}; valid: pi, ntk, yarn, llama3 (static methods)')
+  raise ValueError(f'position.rope_extension: got {method!r}; valid: pi, ntk, dynamic_ntk_sequence, yarn, llama3, '
+                   'longrope (the methods of one set of frequencies per sequence)')
+
+
+def sequence_factor(factor: float, original_length: int, sequence_length=None):
+  """s max(l, L) / L - (s - 1): dynamic_ntk_sequence's factor for a sequence of length l (an int or a traced
+  scalar; None: s L, the length s names)."""
+  length = factor * original_length if sequence_length is None else sequence_length
+  return factor * jnp.maximum(jnp.asarray(length, jnp.float32), original_length) / original_length - (factor - 1.0)
 
 
 def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, sequence_length=None):
@@ -229,7 +248,7 @@ def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, seque
   short_P, long_P = (jnp.asarray(factor_list(text), jnp.float32)
                      for text in (settings.longrope_short_factors, settings.longrope_long_factors))
   chex.assert_equal_shape([short_P, long_P, theta_P])
-  if not settings.longrope_reads_length():
+  if not settings.reads_sequence_length():
     rescale_P = long_P if factor > 1.0 else short_P
   elif sequence_length is None or isinstance(sequence_length, int):
     rescale_P = long_P if (factor * original if sequence_length is None else sequence_length) > original else short_P

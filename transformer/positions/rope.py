@@ -96,9 +96,10 @@ class RotaryLayer(LayerPositions):
 
   @nn.compact
   def from_inputs(self, inputs_BxLqxD, shared, use_cache=False, cache_index=None):
-    """With LongRoPE's set chosen by length, the first call of a cached decoding keeps the cache's capacity
-    (its input's length), which later calls' rotate() reads."""
-    if use_cache and self.settings.longrope_reads_length():
+    """With frequencies chosen by the sequence's length (LongRoPE's set by length, dynamic_ntk_sequence), the
+    first call of a cached decoding keeps the cache's capacity (its input's length), which later calls' rotate()
+    reads."""
+    if use_cache and self.settings.reads_sequence_length():
       self.variable('cache', CAPACITY, lambda: jnp.asarray(inputs_BxLqxD.shape[1], jnp.int32))
     return shared
 
