@@ -55,6 +55,15 @@ def check_output_path(flag: str, path: str, directory: bool = False) -> None:
                        f'{error.strerror or error})') from None
 
 
+def print_and_write(text: str, output: Optional[str]) -> None:
+  """Prints a command's tables, and writes them to output (a file path, checked by check_output_path) when given."""
+  print(text)
+  if output:
+    from experiments.shared.files import write_text_atomically  # pylint: disable=g-import-not-at-top
+    write_text_atomically(output, text)
+    print(f'wrote {output}', file=sys.stderr)
+
+
 def load_config_file(argument: str):
   """The ConfigDict that `--config=PATH[:ARG]` names, loaded as ml_collections loads it, with every way
   the file can fail named: missing, failing to import, no get_config, get_config raising, or
