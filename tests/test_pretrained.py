@@ -167,6 +167,70 @@ def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_le
 
 
 
+def _gguf_of(config, params, path, rope_factors=None, context=128, extra=None):
+  """A llama GGUF file written with the gguf package from this library's parameters (llama.cpp's tensor names; its
+  query and key rows are this library's rotary pairs already)."""
+  import gguf  # pylint: disable=g-import-not-at-top
+  writer = gguf.GGUFWriter(str(path), 'llama')
+  writer.add_context_length(context)
+  writer.add_embedding_length(config.model_dim)
+  writer.add_block_count(config.num_decoder_layers)
+  writer.add_feed_forward_length(config.feed_forward_dim)
+  writer.add_head_count(config.num_heads)
+  writer.add_head_count_kv(config.key_value_heads)
+  writer.add_layer_norm_rms_eps(config.layer_norm_eps)
+  writer.add_rope_freq_base(config.position.settings.rope_base)
+  tree = params['params']
+  tensors = {'token_embd.weight': tree['embedding']['embedding']['embedding'],
+             'output.weight': tree['embedding']['output']['kernel'].T,
+             'output_norm.weight': tree['decoder']['final_norm']['scale'], **(extra or {})}
+  for index in range(config.num_decoder_layers):
+    layer = tree['decoder'][f'layer_{index}']
+    for ours, theirs in (('query', 'attn_q'), ('key', 'attn_k'), ('value', 'attn_v'), ('out', 'attn_output')):
+      tensors[f'blk.{index}.{theirs}.weight'] = layer['self_attention'][ours]['kernel'].T
+    for ours, theirs in (('gate_kernel', 'ffn_gate'), ('hidden_kernel', 'ffn_up'), ('output_kernel', 'ffn_down')):
+      tensors[f'blk.{index}.{theirs}.weight'] = layer['feed_forward'][ours].T
+    tensors[f'blk.{index}.attn_norm.weight'] = layer['self_attention_residual']['RMSNorm_0']['scale']
+    tensors[f'blk.{index}.ffn_norm.weight'] = layer['feed_forward_residual']['RMSNorm_0']['scale']
+  if rope_factors is not None:
+    tensors['rope_freqs.weight'] = rope_factors
+  for name, array in tensors.items():
+    writer.add_tensor(name, np.ascontiguousarray(np.asarray(array, np.float32)))
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return str(path)
+
+
+def test_a_gguf_with_rope_freqs_gives_transformers_llama3_logits_and_an_unread_tensor_is_refused(tmp_path):
+  """llama.cpp's converter stores Llama 3.1's frequency bands as rope_freqs.weight (theta_p / f_p): a GGUF written
+  with transformers' own llama3 divisors and the weights of a tiny Llama 3 gives transformers' logits on 512 tokens,
+  four times the original 128 (dropping the tensor does not: the bands move every position). A tensor the import
+  does not read is refused by name."""
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+  parameters = {'rope_theta': 10000.0, **ROPE_SCALINGS['llama3']}
+  model = _tiny('LlamaForCausalLM', rope_parameters=parameters, max_position_embeddings=1024)
+  banded = model.model.rotary_emb.inv_freq.numpy()  # transformers' llama3 frequencies
+  base = 1.0 / 10000.0 ** (np.arange(0, 16, 2, dtype=np.float64) / 16)  # RoPE's, head width 16
+  assert not np.allclose(banded, base)
+  ids = np.random.default_rng(1).integers(0, 97, size=(2, LENGTH))
+  with torch.no_grad():
+    expected = model(torch.tensor(ids)).logits.numpy()
+  model.save_pretrained(tmp_path / 'hf', safe_serialization=True)
+  hf_config, params = hugging_face.load(str(tmp_path / 'hf'))
+  path = _gguf_of(hf_config, params, tmp_path / 'llama3.gguf', rope_factors=base / banded)
+  config, gguf_params = gguf_file.load(path)
+  assert config.position.settings.rope_extension == 'longrope'
+  got = np.asarray(T.DecoderOnly(config).apply(gguf_params, ids))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+  without = gguf_file.load(_gguf_of(hf_config, params, tmp_path / 'plain.gguf'))
+  assert not np.allclose(np.asarray(T.DecoderOnly(without[0]).apply(without[1], ids)), expected, atol=1e-3)
+  with pytest.raises(hugging_face.PretrainedError, match=r"holds 1 tensor\(s\) this import does not read "
+                                                          r"\(blk.0.attn_q.bias\)"):
+    gguf_file.load(_gguf_of(hf_config, params, tmp_path / 'extra.gguf', extra={'blk.0.attn_q.bias': np.zeros(64)}))
+
+
 @pytest.mark.slow
 def test_smollm2_imported_from_its_gguf_gives_transformers_tokens_and_logits(smollm2_gguf, tmp_path):
   """A real pretrained model: SmolLM2-135M-Instruct (30 layers, 9 heads over 3 key and value heads, tied embeddings,

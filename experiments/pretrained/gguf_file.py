@@ -5,7 +5,10 @@ F32 and the other types the package knows).
 llama.cpp's converter stores each head's query and key rows in interleaved order (row 2i is Hugging Face's row i,
 row 2i + 1 its row i + d/2), which is this library's rotary layout (features 2i and 2i + 1 turn together): they
 are taken as they are. A file without `output.weight` ties the output to the token embedding. GGUF lists a matrix's
-dimensions fastest first; the package hands its rows as NumPy's (out x in), a Linear's weight.
+dimensions fastest first; the package hands its rows as NumPy's (out x in), a Linear's weight. A `rope_freqs.weight`
+tensor (llama.cpp's converter writes Llama 3.1's frequency bands as one, theta_p / f_p) becomes those per-pair
+factors (LongRoPE's form at factor 1: theta_p / lambda_p, no attention factor). A tensor the import would not read
+is refused by name, so that nothing in the file is dropped silently.
 
 The file's tokenizer (tokenizer.ggml.*) of the gpt2 kind, a byte-level BPE, is rebuilt with Hugging Face
 `tokenizers`: its tokens, merges and control tokens, and the pre-tokenizer its `pre` names (llama.cpp's: smollm
@@ -20,6 +23,7 @@ import transformer
 from experiments.pretrained.hugging_face import PretrainedError, checked
 
 SUPPORTED_ARCHITECTURES = ('llama',)
+ROPE_FACTORS = 'rope_freqs.weight'  # per-pair divisors of the rotary frequencies (Llama 3.1's bands)
 
 
 def _field(reader, name: str, default=None):
@@ -47,6 +51,11 @@ def model_config(reader) -> transformer.ModelConfig:
     raise PretrainedError(f'llama.rope.scaling.type: got {scaling!r}; valid here: none')
   names = {tensor.name for tensor in reader.tensors}
   vocabulary = next(tensor for tensor in reader.tensors if tensor.name == 'token_embd.weight').shape[-1]
+  position = dict(rope_base=float(_field(reader, 'llama.rope.freq_base', 10000.0)))
+  if ROPE_FACTORS in names:
+    factors = ' '.join(str(float(f)) for f in tensor_reader(reader)(ROPE_FACTORS).reshape(-1))
+    position.update(rope_extension='longrope', original_length=max(2, context_length(reader)),
+                    longrope_short_factors=factors, longrope_long_factors=factors)
   return transformer.ModelConfig(
       vocab_size=int(vocabulary), model_dim=width, num_heads=heads,
       num_kv_heads=int(_field(reader, 'llama.attention.head_count_kv', heads)),
@@ -54,7 +63,7 @@ def model_config(reader) -> transformer.ModelConfig:
       num_decoder_layers=int(_field(reader, 'llama.block_count')), dropout_rate=0.0, activation='swiglu', norm='pre',
       norm_type='rmsnorm', layer_norm_eps=float(_field(reader, 'llama.attention.layer_norm_rms_epsilon')),
       use_bias=False, tie_embeddings='output.weight' not in names, scale_embeddings=False,
-      position=transformer.PositionConfig('rope', rope_base=float(_field(reader, 'llama.rope.freq_base', 10000.0))))
+      position=transformer.PositionConfig('rope', **position))
 
 
 def architecture(reader) -> str:
@@ -96,8 +105,15 @@ def gguf_shape(name: str, config: transformer.ModelConfig) -> tuple:
   return table.get('.'.join(name.rsplit('.', 2)[-2:]), (width,))
 
 
-def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -> dict:
-  """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors (llama.cpp's names)."""
+def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, names=None) -> dict:
+  """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors (llama.cpp's names). names: every
+  tensor the file holds; PretrainedError naming one this would leave unread."""
+  if names is not None:
+    unread = sorted(set(names) - set(llama_tensor_names(config)) - {ROPE_FACTORS})
+    if unread:
+      raise PretrainedError(f'the GGUF file holds {len(unread)} tensor(s) this import does not read '
+                            f'({", ".join(unread[:4])}); valid: the llama architecture\'s tensors only, so that none '
+                            'is dropped')
   read = checked(read, lambda name: gguf_shape(name, config), 'the file\'s metadata')
   layers = {}
   for index in range(config.num_decoder_layers):
@@ -145,9 +161,16 @@ def tokenizer_json(reader) -> str:
   return tokenizer.to_str()
 
 
+def llama_tensor_names(config: transformer.ModelConfig) -> list:
+  """The tensors llama_params reads."""
+  per_layer = ('attn_q', 'attn_k', 'attn_v', 'attn_output', 'attn_norm', 'ffn_gate', 'ffn_up', 'ffn_down', 'ffn_norm')
+  names = [f'blk.{index}.{name}.weight' for index in range(config.num_decoder_layers) for name in per_layer]
+  return names + ['token_embd.weight', 'output_norm.weight'] + ([] if config.tie_embeddings else ['output.weight'])
+
+
 def load(path: str) -> tuple[transformer.ModelConfig, dict]:
   """(the model's config, its parameters, dequantized to float32) from a GGUF file."""
   from gguf import GGUFReader  # pylint: disable=g-import-not-at-top
   reader = GGUFReader(path)
   config = model_config(reader)
-  return config, llama_params(tensor_reader(reader), config)
+  return config, llama_params(tensor_reader(reader), config, [tensor.name for tensor in reader.tensors])
