@@ -167,31 +167,32 @@ def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_le
 
 
 
-def _gguf_of(config, params, path, rope_factors=None, context=128, extra=None):
-  """A llama GGUF file written with the gguf package from this library's parameters (llama.cpp's tensor names; its
-  query and key rows are this library's rotary pairs already)."""
+def _gguf_of(model, path, arch='llama', context=None, rope_factors=None, extra=None):
+  """A GGUF file of a transformers Llama or Qwen2, written with the gguf package as llama.cpp's converter writes
+  one: its names, and for the llama architecture each head's query and key rows interleaved (row 2i from row i,
+  2i + 1 from i + d/2); qwen2's stay in halves."""
   import gguf  # pylint: disable=g-import-not-at-top
-  writer = gguf.GGUFWriter(str(path), 'llama')
-  writer.add_context_length(context)
-  writer.add_embedding_length(config.model_dim)
-  writer.add_block_count(config.num_decoder_layers)
-  writer.add_feed_forward_length(config.feed_forward_dim)
-  writer.add_head_count(config.num_heads)
-  writer.add_head_count_kv(config.key_value_heads)
-  writer.add_layer_norm_rms_eps(config.layer_norm_eps)
-  writer.add_rope_freq_base(config.position.settings.rope_base)
-  tree = params['params']
-  tensors = {'token_embd.weight': tree['embedding']['embedding']['embedding'],
-             'output.weight': tree['embedding']['output']['kernel'].T,
-             'output_norm.weight': tree['decoder']['final_norm']['scale'], **(extra or {})}
-  for index in range(config.num_decoder_layers):
-    layer = tree['decoder'][f'layer_{index}']
-    for ours, theirs in (('query', 'attn_q'), ('key', 'attn_k'), ('value', 'attn_v'), ('out', 'attn_output')):
-      tensors[f'blk.{index}.{theirs}.weight'] = layer['self_attention'][ours]['kernel'].T
-    for ours, theirs in (('gate_kernel', 'ffn_gate'), ('hidden_kernel', 'ffn_up'), ('output_kernel', 'ffn_down')):
-      tensors[f'blk.{index}.{theirs}.weight'] = layer['feed_forward'][ours].T
-    tensors[f'blk.{index}.attn_norm.weight'] = layer['self_attention_residual']['RMSNorm_0']['scale']
-    tensors[f'blk.{index}.ffn_norm.weight'] = layer['feed_forward_residual']['RMSNorm_0']['scale']
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+  config = model.config
+  head_dim = config.hidden_size // config.num_attention_heads
+  writer = gguf.GGUFWriter(str(path), arch)
+  writer.add_context_length(context or config.max_position_embeddings)
+  writer.add_embedding_length(config.hidden_size)
+  writer.add_block_count(config.num_hidden_layers)
+  writer.add_feed_forward_length(config.intermediate_size)
+  writer.add_head_count(config.num_attention_heads)
+  writer.add_head_count_kv(config.num_key_value_heads)
+  writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+  writer.add_rope_freq_base(float(config.rope_parameters['rope_theta']))
+  writer.add_vocab_size(config.vocab_size)
+  tensors = {}
+  for name, tensor in model.state_dict().items():
+    array = tensor.float().numpy()
+    if arch == 'llama' and ('.q_proj.' in name or '.k_proj.' in name):
+      interleaved = np.stack([np.arange(head_dim // 2), np.arange(head_dim // 2) + head_dim // 2], 1).reshape(-1)
+      array = array.reshape(-1, head_dim, *array.shape[1:])[:, interleaved].reshape(array.shape)
+    tensors[gguf_file.gguf_name(name)] = array
+  tensors.update(extra or {})
   if rope_factors is not None:
     tensors['rope_freqs.weight'] = rope_factors
   for name, array in tensors.items():
@@ -201,6 +202,22 @@ def _gguf_of(config, params, path, rope_factors=None, context=128, extra=None):
   writer.write_tensors_to_file()
   writer.close()
   return str(path)
+
+
+def test_a_qwen2_gguf_gives_transformers_logits_from_the_same_file(tmp_path):
+  """qwen2's query and key rows stay in halves in a GGUF file, its biases beside them: transformers' own GGUF loading
+  of the file and the import give the same logits on 512 tokens."""
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+  path = _gguf_of(_tiny('Qwen2ForCausalLM'), tmp_path / 'qwen2.gguf', arch='qwen2')
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file='qwen2.gguf',
+                                                             dtype=torch.float32).eval()
+  ids = np.random.default_rng(1).integers(0, 97, size=(2, LENGTH))
+  with torch.no_grad():
+    expected = theirs(torch.tensor(ids)).logits.numpy()
+  config, params = gguf_file.load(path)
+  assert config.qkv_bias and config.key_value_heads == 2
+  got = np.asarray(T.DecoderOnly(config).apply(params, ids))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
 def test_a_gguf_with_rope_freqs_gives_transformers_llama3_logits_and_an_unread_tensor_is_refused(tmp_path):
@@ -217,18 +234,16 @@ def test_a_gguf_with_rope_freqs_gives_transformers_llama3_logits_and_an_unread_t
   ids = np.random.default_rng(1).integers(0, 97, size=(2, LENGTH))
   with torch.no_grad():
     expected = model(torch.tensor(ids)).logits.numpy()
-  model.save_pretrained(tmp_path / 'hf', safe_serialization=True)
-  hf_config, params = hugging_face.load(str(tmp_path / 'hf'))
-  path = _gguf_of(hf_config, params, tmp_path / 'llama3.gguf', rope_factors=base / banded)
+  path = _gguf_of(model, tmp_path / 'llama3.gguf', context=128, rope_factors=base / banded)
   config, gguf_params = gguf_file.load(path)
   assert config.position.settings.rope_extension == 'longrope'
   got = np.asarray(T.DecoderOnly(config).apply(gguf_params, ids))
   np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-  without = gguf_file.load(_gguf_of(hf_config, params, tmp_path / 'plain.gguf'))
+  without = gguf_file.load(_gguf_of(model, tmp_path / 'plain.gguf', context=128))
   assert not np.allclose(np.asarray(T.DecoderOnly(without[0]).apply(without[1], ids)), expected, atol=1e-3)
   with pytest.raises(hugging_face.PretrainedError, match=r"holds 1 tensor\(s\) this import does not read "
                                                           r"\(blk.0.attn_q.bias\)"):
-    gguf_file.load(_gguf_of(hf_config, params, tmp_path / 'extra.gguf', extra={'blk.0.attn_q.bias': np.zeros(64)}))
+    gguf_file.load(_gguf_of(model, tmp_path / 'extra.gguf', extra={'blk.0.attn_q.bias': np.zeros(64)}))
 
 
 @pytest.mark.slow

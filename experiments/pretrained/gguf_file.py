@@ -1,68 +1,80 @@
-"""A GGUF file (llama.cpp's format) of the llama architecture as this library's decoder: its metadata mapped to
-transformer.ModelConfig, its tensors read with the `gguf` package and dequantized to float32 (Q4_1, Q8_0, F16,
-F32 and the other types the package knows).
+"""A GGUF file (llama.cpp's format) of the llama or qwen2 architecture as this library's decoder: its metadata mapped
+to transformer.ModelConfig, its tensors read with the `gguf` package and dequantized to float32 (Q4_1, Q8_0, F16,
+F32 and the other types the package knows), then read as the Hugging Face Llama layout is (hugging_face.py).
 
-llama.cpp's converter stores each head's query and key rows in interleaved order (row 2i is Hugging Face's row i,
-row 2i + 1 its row i + d/2), which is this library's rotary layout (features 2i and 2i + 1 turn together): they
-are taken as they are. A file without `output.weight` ties the output to the token embedding. GGUF lists a matrix's
-dimensions fastest first; the package hands its rows as NumPy's (out x in), a Linear's weight. A `rope_freqs.weight`
-tensor (llama.cpp's converter writes Llama 3.1's frequency bands as one, theta_p / f_p) becomes those per-pair
-factors (LongRoPE's form at factor 1: theta_p / lambda_p, no attention factor). A tensor the import would not read
-is refused by name, so that nothing in the file is dropped silently.
+llama.cpp's converter permutes each head's query and key rows of the llama architecture into interleaved order
+(row 2i is Hugging Face's row i, row 2i + 1 its row i + d/2) and leaves qwen2's in Hugging Face's halves (it
+rotates them as GPT-NeoX does); the llama rows are put back in halves here, and every model then goes through the
+Hugging Face reader's one permutation into this library's pairs. qwen2 adds query, key and value biases. A file
+without `output.weight` ties the output to the token embedding. GGUF lists a matrix's dimensions fastest first;
+the package hands its rows as NumPy's (out x in), a Linear's weight. A `rope_freqs.weight` tensor (llama.cpp's
+converter writes Llama 3.1's frequency bands as one, theta_p / f_p) becomes those per-pair factors (LongRoPE's
+form at factor 1: theta_p / lambda_p, no attention factor). A tensor the import would not read is refused by name,
+so that nothing in the file is dropped silently.
 
 The file's tokenizer (tokenizer.ggml.*) of the gpt2 kind, a byte-level BPE, is rebuilt with Hugging Face
 `tokenizers`: its tokens, merges and control tokens, and the pre-tokenizer its `pre` names (llama.cpp's: smollm
 splits every digit before GPT-2's split).
 """
 
+import re
 from typing import Callable
 
 import numpy as np
 
 import transformer
-from experiments.pretrained.hugging_face import PretrainedError, checked
+from experiments.pretrained import hugging_face
+from experiments.pretrained.hugging_face import PretrainedError
 
-SUPPORTED_ARCHITECTURES = ('llama',)
+SUPPORTED_ARCHITECTURES = ('llama', 'qwen2')
+INTERLEAVED = ('llama',)  # the architectures whose query and key rows llama.cpp's converter interleaves
 ROPE_FACTORS = 'rope_freqs.weight'  # per-pair divisors of the rotary frequencies (Llama 3.1's bands)
+GLOBAL_NAMES = {'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight',
+                'lm_head.weight': 'output.weight'}
+LAYER_NAMES = {'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self_attn.v_proj': 'attn_v',
+               'self_attn.o_proj': 'attn_output', 'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up',
+               'mlp.down_proj': 'ffn_down', 'input_layernorm': 'attn_norm', 'post_attention_layernorm': 'ffn_norm'}
+HF_LAYER = re.compile(r'^model\.layers\.(\d+)\.(.+)\.(weight|bias)$')
 
 
 def _field(reader, name: str, default=None):
   field = reader.fields.get(name)
   if field is None:
     if default is None:
-      raise PretrainedError(f'--source: the GGUF file has no {name}; valid: a llama.cpp GGUF of the llama architecture')
+      raise PretrainedError(f'--source: the GGUF file has no {name}; valid: a llama.cpp GGUF of the '
+                            f'{" or ".join(SUPPORTED_ARCHITECTURES)} architecture')
     return default
   return field.contents()
 
 
 def model_config(reader) -> transformer.ModelConfig:
   """This library's config of the file's model; PretrainedError naming the key it cannot serve."""
-  architecture = _field(reader, 'general.architecture')
-  if architecture not in SUPPORTED_ARCHITECTURES:
-    raise PretrainedError(f'general.architecture: got {architecture!r}; valid: {", ".join(SUPPORTED_ARCHITECTURES)}')
-  width, heads = int(_field(reader, 'llama.embedding_length')), int(_field(reader, 'llama.attention.head_count'))
+  arch = _field(reader, 'general.architecture')
+  if arch not in SUPPORTED_ARCHITECTURES:
+    raise PretrainedError(f'general.architecture: got {arch!r}; valid: {", ".join(SUPPORTED_ARCHITECTURES)}')
+  width, heads = int(_field(reader, f'{arch}.embedding_length')), int(_field(reader, f'{arch}.attention.head_count'))
   head_dim = width // heads
-  rotated = int(_field(reader, 'llama.rope.dimension_count', head_dim))
+  rotated = int(_field(reader, f'{arch}.rope.dimension_count', head_dim))
   if rotated != head_dim:
-    raise PretrainedError(f'llama.rope.dimension_count: got {rotated}; valid: the head width {head_dim} (partial '
+    raise PretrainedError(f'{arch}.rope.dimension_count: got {rotated}; valid: the head width {head_dim} (partial '
                           'rotary is not read from a GGUF file yet)')
-  scaling = _field(reader, 'llama.rope.scaling.type', 'none')
+  scaling = _field(reader, f'{arch}.rope.scaling.type', 'none')
   if scaling != 'none':
-    raise PretrainedError(f'llama.rope.scaling.type: got {scaling!r}; valid here: none')
+    raise PretrainedError(f'{arch}.rope.scaling.type: got {scaling!r}; valid here: none')
   names = {tensor.name for tensor in reader.tensors}
   vocabulary = next(tensor for tensor in reader.tensors if tensor.name == 'token_embd.weight').shape[-1]
-  position = dict(rope_base=float(_field(reader, 'llama.rope.freq_base', 10000.0)))
+  position = dict(rope_base=float(_field(reader, f'{arch}.rope.freq_base', 10000.0)))
   if ROPE_FACTORS in names:
     factors = ' '.join(str(float(f)) for f in tensor_reader(reader)(ROPE_FACTORS).reshape(-1))
     position.update(rope_extension='longrope', original_length=max(2, context_length(reader)),
                     longrope_short_factors=factors, longrope_long_factors=factors)
   return transformer.ModelConfig(
       vocab_size=int(vocabulary), model_dim=width, num_heads=heads,
-      num_kv_heads=int(_field(reader, 'llama.attention.head_count_kv', heads)),
-      feed_forward_dim=int(_field(reader, 'llama.feed_forward_length')), num_encoder_layers=0,
-      num_decoder_layers=int(_field(reader, 'llama.block_count')), dropout_rate=0.0, activation='swiglu', norm='pre',
-      norm_type='rmsnorm', layer_norm_eps=float(_field(reader, 'llama.attention.layer_norm_rms_epsilon')),
-      use_bias=False, tie_embeddings='output.weight' not in names, scale_embeddings=False,
+      num_kv_heads=int(_field(reader, f'{arch}.attention.head_count_kv', heads)),
+      feed_forward_dim=int(_field(reader, f'{arch}.feed_forward_length')), num_encoder_layers=0,
+      num_decoder_layers=int(_field(reader, f'{arch}.block_count')), dropout_rate=0.0, activation='swiglu',
+      norm='pre', norm_type='rmsnorm', layer_norm_eps=float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon')),
+      use_bias=False, qkv_bias=arch == 'qwen2', tie_embeddings='output.weight' not in names, scale_embeddings=False,
       position=transformer.PositionConfig('rope', **position))
 
 
@@ -71,8 +83,8 @@ def architecture(reader) -> str:
 
 
 def context_length(reader) -> int:
-  """The context the model was trained at (llama.context_length)."""
-  return int(_field(reader, 'llama.context_length', 0))
+  """The context the model was trained at (<architecture>.context_length)."""
+  return int(_field(reader, f'{architecture(reader)}.context_length', 0))
 
 
 def tensor_reader(reader) -> Callable[[str], np.ndarray]:
@@ -94,45 +106,38 @@ def tensor_reader(reader) -> Callable[[str], np.ndarray]:
   return read
 
 
-def gguf_shape(name: str, config: transformer.ModelConfig) -> tuple:
-  """The shape the file's metadata gives a llama tensor (out x in, as the package hands it)."""
-  width, vocabulary, hidden = config.model_dim, config.vocab_size, config.feed_forward_dim
-  queries, keys = config.num_heads * config.head_dim, config.key_value_heads * config.head_dim
-  table = {'attn_q.weight': (queries, width), 'attn_k.weight': (keys, width), 'attn_v.weight': (keys, width),
-           'attn_output.weight': (width, queries), 'ffn_gate.weight': (hidden, width),
-           'ffn_up.weight': (hidden, width), 'ffn_down.weight': (width, hidden),
-           'token_embd.weight': (vocabulary, width), 'output.weight': (vocabulary, width)}
-  return table.get('.'.join(name.rsplit('.', 2)[-2:]), (width,))
+def gguf_name(hf_name: str) -> str:
+  """llama.cpp's name of a Hugging Face Llama tensor (model.layers.3.self_attn.q_proj.bias -> blk.3.attn_q.bias)."""
+  if hf_name in GLOBAL_NAMES:
+    return GLOBAL_NAMES[hf_name]
+  match = HF_LAYER.match(hf_name)
+  if not match or match[2] not in LAYER_NAMES:
+    raise PretrainedError(f'{hf_name}: no llama.cpp name for this tensor')
+  return f'blk.{match[1]}.{LAYER_NAMES[match[2]]}.{match[3]}'
 
 
-def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, names=None) -> dict:
-  """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors (llama.cpp's names). names: every
-  tensor the file holds; PretrainedError naming one this would leave unread."""
-  if names is not None:
-    unread = sorted(set(names) - set(llama_tensor_names(config)) - {ROPE_FACTORS})
-    if unread:
-      raise PretrainedError(f'the GGUF file holds {len(unread)} tensor(s) this import does not read '
-                            f'({", ".join(unread[:4])}); valid: the llama architecture\'s tensors only, so that none '
-                            'is dropped')
-  read = checked(read, lambda name: gguf_shape(name, config), 'the file\'s metadata')
-  layers = {}
-  for index in range(config.num_decoder_layers):
-    block = f'blk.{index}'
-    layers[f'layer_{index}'] = {
-        'self_attention': {ours: {'kernel': read(f'{block}.{theirs}.weight').T}
-                           for ours, theirs in (('query', 'attn_q'), ('key', 'attn_k'), ('value', 'attn_v'),
-                                                ('out', 'attn_output'))},
-        'self_attention_residual': {'RMSNorm_0': {'scale': read(f'{block}.attn_norm.weight')}},
-        'feed_forward': {'gate_kernel': read(f'{block}.ffn_gate.weight').T,
-                         'hidden_kernel': read(f'{block}.ffn_up.weight').T,
-                         'output_kernel': read(f'{block}.ffn_down.weight').T},
-        'feed_forward_residual': {'RMSNorm_0': {'scale': read(f'{block}.ffn_norm.weight')}},
-    }
-  embedding = {'embedding': {'embedding': read('token_embd.weight')}}
-  if not config.tie_embeddings:
-    embedding['output'] = {'kernel': read('output.weight').T}
-  return {'params': {'decoder': {**layers, 'final_norm': {'scale': read('output_norm.weight')}},
-                     'embedding': embedding}}
+def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, arch: str, names) -> dict:
+  """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors, read(llama.cpp name) each;
+  names: every tensor the file holds, PretrainedError naming one left unread."""
+  taken = set()
+
+  def read_as_hugging_face(hf_name: str) -> np.ndarray:
+    name = gguf_name(hf_name)
+    taken.add(name)
+    array = read(name)
+    match = HF_LAYER.match(hf_name)
+    heads = match and {'self_attn.q_proj': config.num_heads, 'self_attn.k_proj': config.key_value_heads}.get(match[2])
+    if arch in INTERLEAVED and heads and array.shape[0] == heads * config.head_dim:  # else the shape is refused
+      halves = np.argsort(hugging_face.rotary_order(config.head_dim))  # pairs -> Hugging Face's halves
+      array = array.reshape(heads, config.head_dim, *array.shape[1:])[:, halves].reshape(array.shape)
+    return array
+  result = hugging_face.llama_params(read_as_hugging_face, config, 'the file\'s metadata')
+  unread = sorted(set(names) - taken - {ROPE_FACTORS})
+  if unread:
+    raise PretrainedError(f'the GGUF file holds {len(unread)} tensor(s) this import does not read '
+                          f'({", ".join(unread[:4])}); valid: the {arch} architecture\'s tensors only, so that none '
+                          'is dropped')
+  return result
 
 
 # tokenizer.ggml.pre -> whether digits are split one by one before GPT-2's split (llama.cpp's pre-tokenizers).
@@ -161,16 +166,9 @@ def tokenizer_json(reader) -> str:
   return tokenizer.to_str()
 
 
-def llama_tensor_names(config: transformer.ModelConfig) -> list:
-  """The tensors llama_params reads."""
-  per_layer = ('attn_q', 'attn_k', 'attn_v', 'attn_output', 'attn_norm', 'ffn_gate', 'ffn_up', 'ffn_down', 'ffn_norm')
-  names = [f'blk.{index}.{name}.weight' for index in range(config.num_decoder_layers) for name in per_layer]
-  return names + ['token_embd.weight', 'output_norm.weight'] + ([] if config.tie_embeddings else ['output.weight'])
-
-
 def load(path: str) -> tuple[transformer.ModelConfig, dict]:
   """(the model's config, its parameters, dequantized to float32) from a GGUF file."""
   from gguf import GGUFReader  # pylint: disable=g-import-not-at-top
   reader = GGUFReader(path)
   config = model_config(reader)
-  return config, llama_params(tensor_reader(reader), config, [tensor.name for tensor in reader.tensors])
+  return config, params(tensor_reader(reader), config, architecture(reader), [t.name for t in reader.tensors])

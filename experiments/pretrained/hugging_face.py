@@ -241,10 +241,12 @@ def llama_shape(name: str, config: transformer.ModelConfig) -> tuple:
   return table.get('.'.join(leaf[-2:]), (width,))  # the norms' scales
 
 
-def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -> dict:
-  """{'params': ...} of transformer.DecoderOnly(config) from the Llama layout's tensors, read(name) each."""
+def llama_params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, where: str = 'config.json'
+                 ) -> dict:
+  """{'params': ...} of transformer.DecoderOnly(config) from the Llama layout's tensors, read(name) each; where: what
+  gave config (named when a tensor's shape is not the one it gives)."""
   heads, kv_heads, head_dim = config.num_heads, config.key_value_heads, config.head_dim
-  read = checked(read, lambda name: llama_shape(name, config), 'config.json')
+  read = checked(read, lambda name: llama_shape(name, config), where)
 
   def linear(name):
     return read(f'{name}.weight').T

@@ -65,8 +65,8 @@ def read_source(path: str) -> Source:
     except PretrainedError:
       tokenizer = None
     return Source(path=path, format='gguf', architecture=gguf_file.architecture(reader), config=config,
-                  params=gguf_file.llama_params(gguf_file.tensor_reader(reader), config,
-                                                [tensor.name for tensor in reader.tensors]),
+                  params=gguf_file.params(gguf_file.tensor_reader(reader), config, gguf_file.architecture(reader),
+                                          [tensor.name for tensor in reader.tensors]),
                   context_length=gguf_file.context_length(reader), tokenizer_json=tokenizer,
                   files=describe_files(os.path.dirname(path), [path]))
   raise PretrainedError(f'--source: got {path!r}; valid: a Hugging Face model folder (config.json and safetensors) '
