@@ -126,6 +126,33 @@ def test_evaluate_reads_the_imported_run_and_refuses_it_once_its_source_changed(
   assert not (copy / 'evaluations' / 'third').exists()
 
 
+@pytest.mark.slow
+def test_the_probes_longrope_search_and_analyze_read_the_imported_run(imported, tmp_path):
+  """Every command that reads a finished run reads an imported one: the passkey grid (the field's filler, built with
+  the run's tokenizer), the needle probe, LongRoPE's search and the analysis figures."""
+  _, _, workdir = imported
+  copy = tmp_path / 'run'
+  shutil.copytree(workdir, copy)
+  code, _, last = command('experiments.evaluate', f'--workdir={copy}', '--probe=passkey', '--probe_filler=classic',
+                          '--lengths=48,64', '--depths=0,1', '--trials=2')
+  assert code == 0, last
+  cells = json.loads((copy / 'evaluations' / 'passkey-none-classic-2' / 'results.json').read_text())['cells']
+  assert sorted((cell['length'], cell['depth'], cell['trials']) for cell in cells) == [
+      (48, 0.0, 2), (48, 1.0, 2), (64, 0.0, 2), (64, 1.0, 2)]
+  code, _, last = command('experiments.evaluate', f'--workdir={copy}', '--probe=needle', '--lengths=96',
+                          '--depths=0.5', '--trials=2')
+  assert code == 0, last
+  code, _, last = command('experiments.longrope_search', f'--workdir={copy}', '--factor=2', '--tokens=200',
+                          '--length=64', '--population=4', '--generations=1', '--batch_size=2',
+                          f'--output={tmp_path / "search"}')
+  assert code == 0, last
+  found = json.loads((tmp_path / 'search' / 'config.json').read_text())
+  assert len(found['rope_scaling']['long_factor']) == 4  # head width 8: four rotary pairs
+  code, _, last = command('experiments.analyze', f'--workdir={copy}')
+  assert code == 0, last
+  assert (copy / 'analysis' / 'attention_maps.png').is_file()
+
+
 def _refused(arguments, workdir, *fragments):
   code, _, last = command('experiments.import_checkpoint', *arguments, f'--workdir={workdir}')
   assert code == 2 and last.startswith('error: ') and all(fragment in last for fragment in fragments), last
