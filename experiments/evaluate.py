@@ -14,8 +14,9 @@ seeds are its source's and its own), the mean over seeds with its 95% t interval
 evaluated. --collect writes them from evaluation directories already on disk. The original length is
 read from each run. Methods other than none apply to runs of a rotary variant; for the others they are
 skipped, with a line saying so. --factor is s for pi, ntk, dynamic_ntk_sequence, yarn, llama3 and longrope (the
-new length over the original one; required for them), while dynamic_ntk computes its own. --rope_scaling=config.json gives
-longrope the factors of a Hugging Face config (its rope_scaling; experiments/evaluation/rope_scaling.py).
+new length over the original one; required for them), while dynamic_ntk computes its own.
+--rope_scaling=config.json gives longrope the factors of a Hugging Face config (its rope_scaling;
+experiments/evaluation/rope_scaling.py).
 --position sets other variants' analogues (interpolation_factor of sinusoidal and learned tables, the
 NoPE temperature of Llama 4) on every run.
 

@@ -128,8 +128,7 @@ def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, a
     match = HF_LAYER.match(hf_name)
     heads = match and {'self_attn.q_proj': config.num_heads, 'self_attn.k_proj': config.key_value_heads}.get(match[2])
     if arch in INTERLEAVED and heads and array.shape[0] == heads * config.head_dim:  # else the shape is refused
-      halves = np.argsort(hugging_face.rotary_order(config.head_dim))  # pairs -> Hugging Face's halves
-      array = array.reshape(heads, config.head_dim, *array.shape[1:])[:, halves].reshape(array.shape)
+      array = hugging_face.halves_per_head(array, heads, config.head_dim)
     return array
   result = hugging_face.llama_params(read_as_hugging_face, config, 'the file\'s metadata')
   unread = sorted(set(names) - taken - {ROPE_FACTORS})

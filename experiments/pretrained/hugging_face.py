@@ -210,6 +210,13 @@ def _per_head(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
   return rows_NxI.reshape(heads, head_dim, *rows_NxI.shape[1:])[:, order].reshape(rows_NxI.shape)
 
 
+def halves_per_head(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
+  """A query or key projection's output rows from this library's rotary pairs back to Hugging Face's halves (the
+  inverse of _per_head)."""
+  inverse = np.argsort(rotary_order(head_dim))
+  return rows_NxI.reshape(heads, head_dim, *rows_NxI.shape[1:])[:, inverse].reshape(rows_NxI.shape)
+
+
 def checked(read: Callable[[str], np.ndarray], shape_of: Callable[[str], tuple], where: str):
   """read(name), refusing a tensor whose shape is not shape_of(name), the one the config gives."""
 

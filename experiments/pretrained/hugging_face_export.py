@@ -12,7 +12,7 @@ from flax.core import meta
 
 import transformer
 from experiments.pretrained import gpt2, gpt_neox
-from experiments.pretrained.hugging_face import PretrainedError, rotary_order
+from experiments.pretrained.hugging_face import PretrainedError, halves_per_head
 
 ROPE_SCALING = {'none': None, 'pi': 'linear', 'dynamic_ntk_sequence': 'dynamic', 'llama3': 'llama3', 'yarn': 'yarn'}
 
@@ -89,12 +89,6 @@ def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
   return fields
 
 
-def _halves(rows_NxI: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
-  """A query or key projection's output rows from this library's rotary pairs back to Hugging Face's halves."""
-  inverse = np.argsort(rotary_order(head_dim))
-  return rows_NxI.reshape(heads, head_dim, *rows_NxI.shape[1:])[:, inverse].reshape(rows_NxI.shape)
-
-
 def hf_tensors(params: dict, config: transformer.ModelConfig) -> dict:
   """{Hugging Face name: float32 NumPy array} of transformer.DecoderOnly(config)'s {'params': ...}."""
   name = architecture(config)
@@ -113,10 +107,10 @@ def hf_tensors(params: dict, config: transformer.ModelConfig) -> dict:
     attention = layer['self_attention']
     for ours, theirs, count in (('query', 'q_proj', heads), ('key', 'k_proj', kv_heads), ('value', 'v_proj', kv_heads)):
       weight = np.asarray(attention[ours]['kernel']).T
-      tensors[f'{prefix}.self_attn.{theirs}.weight'] = weight if ours == 'value' else _halves(weight, count, head_dim)
+      tensors[f'{prefix}.self_attn.{theirs}.weight'] = weight if ours == 'value' else halves_per_head(weight, count, head_dim)
       if config.qkv_bias:
         bias = np.asarray(attention[ours]['bias'])
-        tensors[f'{prefix}.self_attn.{theirs}.bias'] = bias if ours == 'value' else _halves(bias, count, head_dim)
+        tensors[f'{prefix}.self_attn.{theirs}.bias'] = bias if ours == 'value' else halves_per_head(bias, count, head_dim)
     tensors[f'{prefix}.self_attn.o_proj.weight'] = np.asarray(attention['out']['kernel']).T
     feed_forward = layer['feed_forward']
     for ours, theirs in (('gate_kernel', 'gate_proj'), ('hidden_kernel', 'up_proj'), ('output_kernel', 'down_proj')):

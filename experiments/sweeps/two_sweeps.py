@@ -53,6 +53,7 @@ def treatment(configs_a: dict, configs_b: dict) -> list:
 
 def compare(labels: tuple, tables: tuple, configs: tuple, metric: str) -> Comparison:
   """tables and configs: (A's, B's), from experiments/sweeps/stored_sweep.read."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top  (a second to import; the refusals need none)
   table_a, table_b = tables
   for label, table in zip(labels, tables):
     if metric not in table.metrics:
@@ -77,7 +78,6 @@ def compare(labels: tuple, tables: tuple, configs: tuple, metric: str) -> Compar
       differences.setdefault(variant, {})[length] = statistics.paired_difference(
           table_b.by_seed[variant].get(length, {}).get(metric, {}),
           table_a.by_seed[variant].get(length, {}).get(metric, {}))
-    from scipy import stats  # pylint: disable=g-import-not-at-top
     tau = stats.kendalltau([ranks[labels[0]][length][v] for v in variants],
                            [ranks[labels[1]][length][v] for v in variants])
     kendall[length] = (float(tau.statistic), float(tau.pvalue))

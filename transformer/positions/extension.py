@@ -248,7 +248,7 @@ def longrope_frequencies(theta_P: chex.Array, settings: ExtensionSettings, seque
   short_P, long_P = (jnp.asarray(factor_list(text), jnp.float32)
                      for text in (settings.longrope_short_factors, settings.longrope_long_factors))
   chex.assert_equal_shape([short_P, long_P, theta_P])
-  if not settings.reads_sequence_length():
+  if not settings.longrope_by_length:
     rescale_P = long_P if factor > 1.0 else short_P
   elif sequence_length is None or isinstance(sequence_length, int):
     rescale_P = long_P if (factor * original if sequence_length is None else sequence_length) > original else short_P
