@@ -106,11 +106,12 @@ def hf_tensors(params: dict, config: transformer.ModelConfig) -> dict:
     layer, prefix = tree['decoder'][f'layer_{index}'], f'model.layers.{index}'
     attention = layer['self_attention']
     for ours, theirs, count in (('query', 'q_proj', heads), ('key', 'k_proj', kv_heads), ('value', 'v_proj', kv_heads)):
+      rotated = ours != 'value'
       weight = np.asarray(attention[ours]['kernel']).T
-      tensors[f'{prefix}.self_attn.{theirs}.weight'] = weight if ours == 'value' else halves_per_head(weight, count, head_dim)
+      tensors[f'{prefix}.self_attn.{theirs}.weight'] = halves_per_head(weight, count, head_dim) if rotated else weight
       if config.qkv_bias:
         bias = np.asarray(attention[ours]['bias'])
-        tensors[f'{prefix}.self_attn.{theirs}.bias'] = bias if ours == 'value' else halves_per_head(bias, count, head_dim)
+        tensors[f'{prefix}.self_attn.{theirs}.bias'] = halves_per_head(bias, count, head_dim) if rotated else bias
     tensors[f'{prefix}.self_attn.o_proj.weight'] = np.asarray(attention['out']['kernel']).T
     feed_forward = layer['feed_forward']
     for ours, theirs in (('gate_kernel', 'gate_proj'), ('hidden_kernel', 'up_proj'), ('output_kernel', 'down_proj')):
