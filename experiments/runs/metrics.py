@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from typing import Optional
 
 from absl import logging
@@ -81,6 +82,21 @@ def restore(workdir: str, step: int, covered: Optional[dict], drop_evaluation_at
     write_text_atomically(path, ''.join(lines))
 
 
+def tensorboard_writer(directory: str):
+  """tensorboardX's SummaryWriter for `directory`, imported without PyTorch: its writer module imports torch
+  whenever torch is installed (to accept its tensors), a second or more of start-up and some hundreds of MB for
+  a run that only writes floats. Where torch is already imported, it is left as it is."""
+  blocked = 'torch' not in sys.modules
+  if blocked:
+    sys.modules['torch'] = None  # `import torch` raises ImportError, which tensorboardX takes as "not installed"
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  finally:
+    if blocked and sys.modules.get('torch', 0) is None:
+      del sys.modules['torch']
+  return SummaryWriter(directory, flush_secs=30)
+
+
 class MetricsWriter:
   """Appends records (only the primary process writes), flushed at once and fsynced by sync()."""
 
@@ -92,8 +108,7 @@ class MetricsWriter:
       existing = whole_lines(self.path)  # read once; coverage is then kept up to date as records are written
       self.records, self.digest = len(existing), hashlib.sha256(''.join(existing).encode('utf-8'))
       self.file = open(self.path, 'a')
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self.summary = SummaryWriter(os.path.join(workdir, 'tensorboard'), flush_secs=30)
+      self.summary = tensorboard_writer(os.path.join(workdir, 'tensorboard'))
 
   def write(self, record: dict) -> None:
     if not self.primary:
