@@ -28,10 +28,11 @@ import threading
 
 ENABLED = os.environ.get('TESTS_FORK_COMMANDS', '1') != '0'
 
-# The libraries a command imports before it can do anything; none of them starts a device or a thread that
-# matters across a fork (NumPy's BLAS threads are re-created in the child).
+# The libraries a command imports before it can do anything, and matplotlib, which every command that draws
+# imports (a third of a second each time); none of them starts a device or a thread that matters across a fork
+# (NumPy's BLAS threads are re-created in the child; pyplot picks its backend at the first figure, in the child).
 PRELOAD = ('jax', 'jax.numpy', 'flax.linen', 'optax', 'orbax.checkpoint', 'chex', 'ml_collections',
-           'absl.app', 'absl.flags', 'absl.logging', 'numpy', 'scipy.stats')
+           'absl.app', 'absl.flags', 'absl.logging', 'numpy', 'scipy.stats', 'matplotlib.pyplot')
 # What a command imports of this project before its first step (`python -X importtime` of a training command);
 # found from the server's working directory and PYTHONPATH, as the command finds them, or left to the command.
 PRELOAD_PROJECT = ('transformer', 'experiments.tasks', 'experiments.runs.parallel', 'experiments.runs.preflight',
