@@ -167,10 +167,10 @@ def test_each_rope_scaling_type_gives_transformers_logits_beyond_the_original_le
 
 
 
-def _gguf_of(model, path, arch='llama', context=None, rope_factors=None, extra=None):
+def _gguf_of(model, path, arch='llama', context=None, rope_factors=None, extra=None, scaling=None):
   """A GGUF file of a transformers Llama or Qwen2, written with the gguf package as llama.cpp's converter writes
   one: its names, and for the llama architecture each head's query and key rows interleaved (row 2i from row i,
-  2i + 1 from i + d/2); qwen2's stay in halves."""
+  2i + 1 from i + d/2); qwen2's stay in halves. scaling: {key: value} written as <arch>.rope.scaling.<key>."""
   import gguf  # pylint: disable=g-import-not-at-top
   from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
   config = model.config
@@ -185,6 +185,10 @@ def _gguf_of(model, path, arch='llama', context=None, rope_factors=None, extra=N
   writer.add_layer_norm_rms_eps(config.rms_norm_eps)
   writer.add_rope_freq_base(float(config.rope_parameters['rope_theta']))
   writer.add_vocab_size(config.vocab_size)
+  for key, value in (scaling or {}).items():
+    add = writer.add_string if isinstance(value, str) else writer.add_uint32 if isinstance(value, int) else \
+        writer.add_float32
+    add(f'{arch}.rope.scaling.{key}', value)
   tensors = {}
   for name, tensor in model.state_dict().items():
     array = tensor.float().numpy()
@@ -244,6 +248,35 @@ def test_a_gguf_with_rope_freqs_gives_transformers_llama3_logits_and_an_unread_t
   with pytest.raises(hugging_face.PretrainedError, match=r"holds 1 tensor\(s\) this import does not read "
                                                           r"\(blk.0.attn_q.bias\)"):
     gguf_file.load(_gguf_of(model, tmp_path / 'extra.gguf', extra={'blk.0.attn_q.bias': np.zeros(64)}))
+
+
+GGUF_SCALINGS = {  # transformers' rope_scaling, and the keys llama.cpp's converter writes for it
+    'linear': ({'rope_type': 'linear', 'factor': 4.0}, {'type': 'linear', 'factor': 4.0}),
+    # betas that move the ramp's ends at head width 16 (pairs 1 and 4, not the defaults' 0 and 3)
+    'yarn': ({'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 128, 'beta_fast': 4.0,
+              'beta_slow': 0.5},
+             {'type': 'yarn', 'factor': 4.0, 'original_context_length': 128, 'yarn_beta_fast': 4.0,
+              'yarn_beta_slow': 0.5}),
+}
+
+
+@pytest.mark.parametrize('name', sorted(GGUF_SCALINGS))
+def test_a_gguf_with_rope_scaling_keys_gives_transformers_logits(tmp_path, name):
+  """llama.cpp's rope.scaling.* keys read as rope_scaling (linear: PI; yarn: its factor, original context and
+  betas): a GGUF of a tiny Llama with that scaling gives transformers' logits on 512 tokens, four times the original
+  128; the same file without the keys does not."""
+  from experiments.pretrained import gguf_file  # pylint: disable=g-import-not-at-top
+  parameters, keys = GGUF_SCALINGS[name]
+  model = _tiny('LlamaForCausalLM', rope_parameters={'rope_theta': 10000.0, **parameters}, max_position_embeddings=1024)
+  ids = np.random.default_rng(1).integers(0, 97, size=(2, LENGTH))
+  with torch.no_grad():
+    expected = model(torch.tensor(ids)).logits.numpy()
+  config, params = gguf_file.load(_gguf_of(model, tmp_path / 'scaled.gguf', scaling=keys))
+  assert config.position.settings.rope_extension == {'linear': 'pi'}.get(name, name)
+  got = np.asarray(T.DecoderOnly(config).apply(params, ids))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+  plain = gguf_file.load(_gguf_of(model, tmp_path / 'plain.gguf'))
+  assert not np.allclose(np.asarray(T.DecoderOnly(plain[0]).apply(plain[1], ids)), expected, atol=1e-3)
 
 
 @pytest.mark.slow

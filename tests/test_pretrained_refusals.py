@@ -32,7 +32,7 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
 
 
-def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_is_refused_by_name():
+def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_read_otherwise_is_refused_by_name():
   class Field:
     def __init__(self, value):
       self.value = value
@@ -47,9 +47,17 @@ def test_a_gguf_file_of_another_architecture_or_with_rope_scaling_is_refused_by_
 
   with pytest.raises(hugging_face.PretrainedError, match=r"general.architecture: got 'gemma'; valid: llama"):
     gguf_file.model_config(Reader(general__architecture='gemma'))
-  with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.type: got 'yarn'; valid here: none"):
-    gguf_file.model_config(Reader(general__architecture='llama', llama__embedding_length=64,
-                                  llama__attention__head_count=4, llama__rope__scaling__type='yarn'))
+  llama = dict(general__architecture='llama', llama__embedding_length=64, llama__attention__head_count=4)
+  with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.type: got 'longrope'; valid here: "
+                                                          r"none, linear, yarn"):
+    gguf_file.model_config(Reader(**llama, llama__rope__scaling__type='longrope'))
+  yarn = dict(llama, llama__rope__scaling__type='yarn', llama__rope__scaling__factor=4.0)
+  with pytest.raises(hugging_face.PretrainedError, match=r"the GGUF file has no llama.rope.scaling."
+                                                          r"original_context_length"):
+    gguf_file.model_config(Reader(**yarn))
+  with pytest.raises(hugging_face.PretrainedError, match=r"llama.rope.scaling.attn_factor: got 1.3; valid here: 1.0"):
+    gguf_file.model_config(Reader(**yarn, llama__rope__scaling__original_context_length=128,
+                                  llama__rope__scaling__attn_factor=1.3))
 
 
 def test_an_export_transformers_cannot_hold_is_refused_naming_the_field():

@@ -7,7 +7,8 @@ llama.cpp's converter permutes each head's query and key rows of the llama archi
 rotates them as GPT-NeoX does); the llama rows are put back in halves here, and every model then goes through the
 Hugging Face reader's one permutation into this library's pairs. qwen2 adds query, key and value biases. A file
 without `output.weight` ties the output to the token embedding. GGUF lists a matrix's dimensions fastest first;
-the package hands its rows as NumPy's (out x in), a Linear's weight. A `rope_freqs.weight` tensor (llama.cpp's
+the package hands its rows as NumPy's (out x in), a Linear's weight. RoPE scaling of the linear and yarn types is read
+from the file's metadata (rope_scaling). A `rope_freqs.weight` tensor (llama.cpp's
 converter writes Llama 3.1's frequency bands as one, theta_p / f_p) becomes those per-pair factors (LongRoPE's
 form at factor 1: theta_p / lambda_p, no attention factor). A tensor the import would not read is refused by name,
 so that nothing in the file is dropped silently.
@@ -58,16 +59,18 @@ def model_config(reader) -> transformer.ModelConfig:
   if rotated != head_dim:
     raise PretrainedError(f'{arch}.rope.dimension_count: got {rotated}; valid: the head width {head_dim} (partial '
                           'rotary is not read from a GGUF file yet)')
-  scaling = _field(reader, f'{arch}.rope.scaling.type', 'none')
-  if scaling != 'none':
-    raise PretrainedError(f'{arch}.rope.scaling.type: got {scaling!r}; valid here: none')
+  position = hugging_face.rope_position({'rope_theta': float(_field(reader, f'{arch}.rope.freq_base', 10000.0)),
+                                         'rope_scaling': rope_scaling(reader, arch)})
   names = {tensor.name for tensor in reader.tensors}
   vocabulary = next(tensor for tensor in reader.tensors if tensor.name == 'token_embd.weight').shape[-1]
-  position = dict(rope_base=float(_field(reader, f'{arch}.rope.freq_base', 10000.0)))
   if ROPE_FACTORS in names:
+    if position.settings.rope_extension != 'none':
+      raise PretrainedError(f'{arch}.rope.scaling.type: got {_field(reader, f"{arch}.rope.scaling.type")!r} beside '
+                            f'{ROPE_FACTORS}; valid: one of the two')
     factors = ' '.join(str(float(f)) for f in tensor_reader(reader)(ROPE_FACTORS).reshape(-1))
-    position.update(rope_extension='longrope', original_length=max(2, context_length(reader)),
-                    longrope_short_factors=factors, longrope_long_factors=factors)
+    position = transformer.PositionConfig('rope', rope_base=position.settings.rope_base, rope_extension='longrope',
+                                          original_length=max(2, context_length(reader)),
+                                          longrope_short_factors=factors, longrope_long_factors=factors)
   return transformer.ModelConfig(
       vocab_size=int(vocabulary), model_dim=width, num_heads=heads,
       num_kv_heads=int(_field(reader, f'{arch}.attention.head_count_kv', heads)),
@@ -75,7 +78,35 @@ def model_config(reader) -> transformer.ModelConfig:
       num_decoder_layers=int(_field(reader, f'{arch}.block_count')), dropout_rate=0.0, activation='swiglu',
       norm='pre', norm_type='rmsnorm', layer_norm_eps=float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon')),
       use_bias=False, qkv_bias=arch == 'qwen2', tie_embeddings='output.weight' not in names, scale_embeddings=False,
-      position=transformer.PositionConfig('rope', **position))
+      position=position)
+
+
+# llama.cpp's YaRN keys that transformers' rope_scaling has no field for, with the value that leaves YaRN as it is.
+NEUTRAL_YARN_KEYS = {'attn_factor': 1.0, 'yarn_attn_factor': 1.0, 'yarn_ext_factor': 1.0, 'yarn_log_multiplier': 0.0}
+
+
+def rope_scaling(reader, arch: str) -> dict:
+  """The file's <arch>.rope.scaling.* as transformers' rope_scaling: linear (its factor: PI) and yarn (factor,
+  original_context_length, yarn_beta_fast and yarn_beta_slow; llama.cpp's ramp over pair indices and attention
+  factor 0.1 ln s + 1 are transformers' defaults). A type or a key that would compute something else is refused by
+  name; none, or no key, is RoPE as trained."""
+  prefix = f'{arch}.rope.scaling.'
+  kind = _field(reader, prefix + 'type', 'none')
+  if kind == 'none':
+    return {}
+  if kind not in ('linear', 'yarn'):
+    raise PretrainedError(f'{prefix}type: got {kind!r}; valid here: none, linear, yarn')
+  scaling = {'rope_type': kind, 'factor': float(_field(reader, prefix + 'factor'))}
+  if kind == 'yarn':
+    scaling.update(original_max_position_embeddings=int(_field(reader, prefix + 'original_context_length')),
+                   beta_fast=float(_field(reader, prefix + 'yarn_beta_fast', 32.0)),
+                   beta_slow=float(_field(reader, prefix + 'yarn_beta_slow', 1.0)))
+  for key, neutral in NEUTRAL_YARN_KEYS.items():
+    value = _field(reader, prefix + key, neutral)
+    if float(value) != neutral:
+      raise PretrainedError(f'{prefix}{key}: got {value}; valid here: {neutral} (llama.cpp\'s meaning of it has no '
+                            'counterpart read here)')
+  return scaling
 
 
 def architecture(reader) -> str:
