@@ -32,7 +32,8 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   of 4, so its cached steps run blockwise), fed in chunks of 2, 1, 1 and 3 tokens. A causal-only
   variant has no encoder-decoder: decoder-only alone. The decoder-only model also decodes a packed row,
   documents of 3, 2 and 2 tokens (positions restarting in each; the last chunk straddles a boundary), against
-  its whole packed forward pass."""
+  its whole packed forward pass; and a cache created by a prompt of 3 (padded to the capacity, as greedy
+  decoding creates it) gives the prompt's last logits and, fed the other tokens, the rest of the whole pass."""
   length = sum(CHUNKS)
   source, target = tokens(2, 5, seed=1), tokens(2, length, seed=2)
   if bidirectional(kind):
@@ -66,6 +67,12 @@ def test_cached_steps_give_the_logits_of_the_whole_forward_pass(kind):
   np.testing.assert_allclose(_fed_in_chunks(run_packed, cache, target, positions, segments), whole_packed,
                              atol=2e-5, rtol=1e-5)
   assert not np.allclose(whole_packed[:, 3:], decoder_only.apply(params, target)[:, 3:], atol=1e-3)
+  whole = decoder_only.apply(params, target)
+  last_BxC, cache = models._prompt_in_cache(decoder_only, params, target[:, :3], length)  # pylint: disable=protected-access
+  np.testing.assert_allclose(last_BxC, whole[:, 2], atol=2e-5, rtol=1e-5)
+  two_logits, cache = run_decoder_only(cache, target[:, 3:5])
+  last_logits, _ = run_decoder_only(cache, target[:, 5:])
+  np.testing.assert_allclose(jnp.concatenate([two_logits, last_logits], axis=1), whole[:, 3:], atol=2e-5, rtol=1e-5)
 
 
 @pytest.mark.slow

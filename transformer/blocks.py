@@ -136,6 +136,16 @@ class TransformerLayer(nn.Module):
         x_BxLxD, lambda y: feed_forward(y, deterministic), deterministic)
 
 
+CACHE_INDEX = 'index'  # a cache's next write position, left at 0 by the call that creates the cache
+
+
+def cache_continuing_at(cache, index: int):
+  """The cache with its next write position set to `index`: for a first call whose first `index` positions are
+  the ones the next call continues (a prompt padded to the capacity; causal, so the padding changes none of them)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.full_like(x, index) if getattr(path[-1], 'key', None) == CACHE_INDEX else x, cache)
+
+
 class TransformerStack(nn.Module):
   """Embedded inputs -> positional embed hook -> N layers (sharing the stack's shared terms)."""
   config: ModelConfig
@@ -219,7 +229,7 @@ class TransformerStack(nn.Module):
     if not self.causal:
       raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
     step = self.has_variable('cache', 'index')
-    next_index = self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+    next_index = self.variable('cache', CACHE_INDEX, lambda: jnp.zeros((), jnp.int32))
     slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
     slot_segments = None if segments_BxL is None else self.variable('cache', 'segments', lambda: segments_BxL)
     if not step:

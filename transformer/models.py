@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.blocks import TransformerStack
+from transformer.blocks import TransformerStack, cache_continuing_at
 from transformer.config import ModelConfig
 from transformer.layers import EMBED, VOCAB, Dense, Embed, batch_split, parameter
 
@@ -185,15 +185,19 @@ def supports_cache(model: nn.Module) -> bool:
   return isinstance(model, (EncoderDecoder, DecoderOnly))
 
 
-def _cached_steps(model: nn.Module, params, batch: int, capacity: int, *args, **kwargs):
-  """(a cache for `capacity` decoder positions, and the step function (cache, tokens_BxLn) ->
-  (logits_BxLnxC, cache) feeding the next Ln positions): model.apply(..., *args, tokens_BxLn, **kwargs)
-  with use_cache, the call on `capacity` zeros creating the cache."""
+def _step_function(model: nn.Module, params, *args, **kwargs):
+  """run(cache, tokens_BxLn) -> (logits_BxLnxC, cache), feeding the next Ln positions: model.apply(..., *args,
+  tokens_BxLn, **kwargs) with use_cache (a None cache: the call that creates it)."""
   def run(cache, tokens_BxLn):
     variables = params if cache is None else {**params, 'cache': cache}
     logits, updated = model.apply(variables, *args, tokens_BxLn, use_cache=True, mutable=['cache'], **kwargs)
     return logits, updated['cache']
+  return run
 
+
+def _cached_steps(model: nn.Module, params, batch: int, capacity: int, *args, **kwargs):
+  """(a cache for `capacity` decoder positions, created by a call on `capacity` zeros, and _step_function's run)."""
+  run = _step_function(model, params, *args, **kwargs)
   _, cache = run(None, jnp.zeros((batch, capacity), jnp.int32))
   return cache, run
 
@@ -249,17 +253,28 @@ def _greedy_through_cache(run, cache, token_Bx1, num_tokens: int) -> chex.Array:
   return jnp.transpose(tokens_LtxB)
 
 
+def _prompt_in_cache(model: DecoderOnly, params, prompt_BxLp, capacity: int):
+  """(the logits of the prompt's last position B x C, a cache of `capacity` positions whose next write follows the
+  prompt). The prompt padded to the capacity is the call that creates the cache: one causal pass, as without a
+  cache (causal blocks skipped), in which the padding changes none of the prompt's positions and leaves slots
+  that the later calls overwrite before they are read; only the last prompt position's logits are formed."""
+  prompt_length = prompt_BxLp.shape[1]
+  padded_BxL = jnp.pad(prompt_BxLp, ((0, 0), (0, capacity - prompt_length)))
+  hidden_BxLxD, variables = model.apply(params, padded_BxL, use_cache=True, mutable=['cache'],
+                                        method=DecoderOnly.hidden_states)
+  logits_BxC = model.apply(params, hidden_BxLxD[:, prompt_length - 1], method=DecoderOnly.logits)
+  return logits_BxC, cache_continuing_at(variables['cache'], prompt_length)
+
+
 def decoder_only_generate(model: DecoderOnly, params, prompt_BxLp, num_new_tokens: int,
                           use_cache: bool = True) -> chex.Array:
   """Decoder-only greedy continuation of a prompt: B x (P + num_new_tokens). With use_cache
-  (Transformers) the prompt goes through the cache in one call, then one token per step."""
+  (Transformers) the prompt creates the cache in one pass (_prompt_in_cache), then one token per step."""
   if not (use_cache and supports_cache(model)) or num_new_tokens == 0:
     return greedy_generate(lambda tokens: model.apply(params, tokens), prompt_BxLp, num_new_tokens)
-  batch, prompt_length = prompt_BxLp.shape
-  cache, run = _cached_steps(model, params, batch, prompt_length + num_new_tokens - 1)
-  logits, cache = run(cache, prompt_BxLp)
-  first = jnp.argmax(logits[:, -1], axis=-1).astype(prompt_BxLp.dtype)[:, None]
-  rest = _greedy_through_cache(run, cache, first, num_new_tokens - 1)
+  logits_BxC, cache = _prompt_in_cache(model, params, prompt_BxLp, prompt_BxLp.shape[1] + num_new_tokens - 1)
+  first = jnp.argmax(logits_BxC, axis=-1).astype(prompt_BxLp.dtype)[:, None]
+  rest = _greedy_through_cache(_step_function(model, params), cache, first, num_new_tokens - 1)
   return jnp.concatenate([prompt_BxLp, first, rest], axis=1)
 
 
