@@ -228,7 +228,7 @@ class TransformerStack(nn.Module):
     call's positions and segments are written into the slots, and a query sees its own document's slots only."""
     if not self.causal:
       raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
-    step = self.has_variable('cache', 'index')
+    step = self.has_variable('cache', CACHE_INDEX)
     next_index = self.variable('cache', CACHE_INDEX, lambda: jnp.zeros((), jnp.int32))
     slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
     slot_segments = None if segments_BxL is None else self.variable('cache', 'segments', lambda: segments_BxL)
