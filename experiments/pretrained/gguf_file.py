@@ -7,10 +7,10 @@ llama.cpp's converter permutes each head's query and key rows of the llama archi
 rotates them as GPT-NeoX does); the llama rows are put back in halves here, and every model then goes through the
 Hugging Face reader's one permutation into this library's pairs. qwen2 adds query, key and value biases. A file
 without `output.weight` ties the output to the token embedding. GGUF lists a matrix's dimensions fastest first;
-the package hands its rows as NumPy's (out x in), a Linear's weight. RoPE scaling of the linear and yarn types is read
-from the file's metadata (rope_scaling). A `rope_freqs.weight` tensor (llama.cpp's
-converter writes Llama 3.1's frequency bands as one, theta_p / f_p) becomes those per-pair factors (LongRoPE's
-form at factor 1: theta_p / lambda_p, no attention factor). A tensor the import would not read is refused by name,
+the package hands its rows as NumPy's (out x in), a Linear's weight. RoPE scaling of the linear and yarn types is
+read from the file's metadata (rope_scaling). A `rope_freqs.weight` tensor (llama.cpp's converter writes Llama 3.1's
+frequency bands as one, theta_p / f_p) becomes those per-pair factors (LongRoPE's form at factor 1: theta_p /
+lambda_p, no attention factor). A tensor the import would not read is refused by name,
 so that nothing in the file is dropped silently.
 
 The file's tokenizer (tokenizer.ggml.*) of the gpt2 kind, a byte-level BPE, is rebuilt with Hugging Face
