@@ -51,7 +51,7 @@ from absl import flags
 import transformer
 from experiments.runs import checkpoints, run_record
 from experiments.evaluation import length_table, long_context, probe_grid, probes, rope_scaling, task_lengths, windows
-from experiments.shared import cli
+from experiments.shared import cli, xla_cpu
 from transformer.positions.extension import ExtensionSettings, METHODS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of one task: a language '
@@ -293,4 +293,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  xla_cpu.schedule_for_memory()  # attention in blocks at long lengths, one block at a time
   cli.run(main)

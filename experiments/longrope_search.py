@@ -46,7 +46,7 @@ from absl import flags
 
 from experiments.runs import checkpoints
 from experiments.evaluation import factor_search, rope_scaling
-from experiments.shared import cli
+from experiments.shared import cli, xla_cpu
 from experiments.shared.files import append_line_durably, write_json_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Comma-separated finished runs of one configuration (its seeds) of '
@@ -131,4 +131,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  xla_cpu.schedule_for_memory()  # attention in blocks at long lengths, one block at a time
   cli.run(main)
