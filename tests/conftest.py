@@ -12,8 +12,9 @@ The tests' programs are tiny: compiling them takes far longer than running them.
 JAX_DISABLE_MOST_OPTIMIZATIONS, XLA compiles at backend optimisation level 0 without LLVM's expensive passes, which
 change how fast a program runs, not what it computes; every process the tests start inherits it. Set it
 to 0 to test the optimised programs (BENCHMARKS.md has what it saves). For the same reason XLA compiles CPU
-fusions with its elemental loop emitter, not its MLIR fusion emitters (tests/xla_flags.py), and the suite's
-own process lowers its programs into MLIR contexts it reuses (`reuse_mlir_contexts`).
+fusions with its elemental loop emitter, not its MLIR fusion emitters, each program as one LLVM module
+(tests/xla_flags.py), and the suite's own process lowers its programs into MLIR contexts it reuses
+(`reuse_mlir_contexts`).
 """
 
 import atexit

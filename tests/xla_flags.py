@@ -1,14 +1,20 @@
 """XLA_FLAGS for the test process and every command a test starts (imports no JAX: conftest sets them
 before JAX starts).
 
-`--xla_cpu_use_fusion_emitters=false` compiles CPU fusions with XLA's elemental loop emitter instead of
-its MLIR fusion emitters: the same operations, compiled in less time (the tests compile far more than
-they run). TESTS_XLA_FUSION_EMITTERS=1 keeps XLA's default emitters.
+The tests compile far more than they run, so both flags trade a program's speed for its compile time; neither
+changes what a program computes:
+- `--xla_cpu_use_fusion_emitters=false` compiles CPU fusions with XLA's elemental loop emitter instead of its
+  MLIR fusion emitters.
+- `--xla_cpu_parallel_codegen_split_count=1` hands LLVM each program as one module. XLA's default splits it into
+  parts compiled on several threads, and each part pays LLVM's fixed costs: on the suite's two cores, where two
+  workers compile at once, the split costs more than its threads save.
+TESTS_XLA_FUSION_EMITTERS=1 keeps XLA's defaults for both.
 """
 
 import os
 
-FAST_COMPILE = '' if os.environ.get('TESTS_XLA_FUSION_EMITTERS') == '1' else '--xla_cpu_use_fusion_emitters=false'
+FAST_COMPILE = ('' if os.environ.get('TESTS_XLA_FUSION_EMITTERS') == '1'
+                else '--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1')
 
 
 def xla_flags(devices: int) -> str:
