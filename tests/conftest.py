@@ -18,6 +18,7 @@ fusions with its elemental loop emitter, not its MLIR fusion emitters, each prog
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -75,4 +76,16 @@ def pytest_collection_modifyitems(config, items):
     kind = getattr(item, 'callspec', None) and item.callspec.params.get('kind')
     if isinstance(kind, str) and kind in transformer.VARIANTS and kind not in FAST_TIER_VARIANTS:
       item.add_marker(pytest.mark.slow)
+
+
+def collect_garbage_less_often(threshold: int = 50000):
+  """Python's cycle collector runs each time 700 more objects have been made than freed (its default), and
+  tracing, lowering and eager dispatch make objects by the million: the collections cost a few per cent of the
+  suite. The libraries imported by now are frozen out of every collection (`gc.freeze`) and the youngest
+  generation is collected after `threshold` objects; objects are freed as before, cycles later."""
+  gc.freeze()
+  gc.set_threshold(threshold, 20, 100)
+
+
+collect_garbage_less_often()
 
