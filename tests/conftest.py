@@ -88,4 +88,3 @@ def collect_garbage_less_often(threshold: int = 50000):
 
 
 collect_garbage_less_often()
-

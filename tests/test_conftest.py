@@ -7,6 +7,7 @@ from jax._src.interpreters import mlir
 
 import transformer as T
 from tests.helpers import init, tiny, tokens
+from tests.xla_flags import FAST_COMPILE_FLAGS
 
 
 def test_a_reused_mlir_context_lowers_the_program_a_fresh_one_does():
@@ -35,14 +36,13 @@ def test_a_reused_mlir_context_lowers_the_program_a_fresh_one_does():
 
 
 def test_the_suites_compile_flags_give_the_results_of_xlas_default_flags_bit_for_bit():
-  """The flags of tests/xla_flags.py (the elemental loop emitter, one LLVM module per program) against XLA's defaults
-  (its MLIR fusion emitters, a program split into 32 modules), passed as this one compile's options: a decoder's
-  gradient, the same bits."""
+  """The flags of tests/xla_flags.py against XLA's defaults, passed as one compile's options: a decoder's gradient,
+  the same bits."""
   model = T.DecoderOnly(tiny('rope', num_decoder_layers=1))
   x = tokens(2, 8)
   params = init(model, x)
   lowered = jax.jit(jax.grad(lambda p: model.apply(p, x).sum())).lower(params)
   ours = lowered.compile()(params)
-  defaults = lowered.compile({'xla_cpu_use_fusion_emitters': True, 'xla_cpu_parallel_codegen_split_count': 32})(params)
+  defaults = lowered.compile({flag: default for flag, (_, default) in FAST_COMPILE_FLAGS.items()})(params)
   for got, expected in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(defaults)):
     np.testing.assert_array_equal(got, expected)
