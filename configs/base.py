@@ -66,6 +66,8 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.layer_norm_eps = 1e-6   # the norm's epsilon (Llama 1 1e-6; Llama 2 and SmolLM2 1e-5)
   config.model.use_bias = True         # biases on every projection and the feed-forward (Llama: False)
   config.model.qkv_bias = False        # query, key and value biases even without use_bias (Qwen2)
+  config.model.attention_output_bias = False  # attention's output bias even without use_bias (Llama attention_bias)
+  config.model.feed_forward_bias = False  # the feed-forward's biases even without use_bias (Llama's mlp_bias)
   config.model.parallel_residual = False  # x + Attention(LN1(x)) + FFN(LN2(x)) (GPT-NeoX); pre-LN, no cross-attention
   config.model.tie_embeddings = True   # output projection = input embedding transposed
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)

@@ -18,10 +18,14 @@ import shutil
 from absl import flags
 
 from experiments.pretrained import hugging_face_export
-from experiments.pretrained.hugging_face import PretrainedError
+from experiments.pretrained.tables import PretrainedError
 from experiments.runs import checkpoints, run_record
 from experiments.shared import cli
 from experiments.shared.files import write_json_atomically, write_text_atomically
+
+# What the summary's second line shows of config.json: the positions, whichever architecture holds them.
+POSITION_FIELDS = ('rope_theta', 'rotary_emb_base', 'rotary_pct', 'rope_scaling', 'max_position_embeddings',
+                   'n_positions')
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'The run to export (trained here or imported).')
 _OUTPUT = flags.DEFINE_string('output', None, 'The folder to write (new, or empty).')
@@ -68,8 +72,7 @@ def main(argv):
       shutil.rmtree(partial, ignore_errors=True)
   print(f'{output}: {config_json["architectures"][0]} ({len(tensors)} tensors, '
         f'{sum(t.size for t in tensors.values()):,} parameters){", tokenizer.json" if tokenizer else ""}')
-  print(json.dumps({key: config_json[key] for key in ('rope_theta', 'max_position_embeddings')} |
-                   {'rope_scaling': config_json.get('rope_scaling')}, sort_keys=True))
+  print(json.dumps({key: config_json[key] for key in POSITION_FIELDS if key in config_json}, sort_keys=True))
 
 
 if __name__ == '__main__':

@@ -29,7 +29,7 @@ from absl import flags
 from configs import corpus as corpus_config
 from experiments.data.corpus import open_corpus
 from experiments.data.manifest import DataError
-from experiments.pretrained.hugging_face import PretrainedError
+from experiments.pretrained.tables import PretrainedError
 from experiments.pretrained.source import TOKENIZER_FILE, Source, read_source
 from experiments.runs import checkpoints, run_record, settings
 from experiments.shared import cli

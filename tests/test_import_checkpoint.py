@@ -15,7 +15,7 @@ from safetensors.numpy import save_file
 import transformer as T
 from experiments import load_run
 from experiments.data import corpus as corpus_format
-from experiments.pretrained import hugging_face
+from experiments.pretrained import hugging_face, llama
 from tests import command_server
 from tests.helpers import ROOT, subprocess_environment
 
@@ -42,13 +42,8 @@ def write_llama_folder(folder, vocabulary=VOCABULARY, width=32, heads=4, kv_head
                 **changes)
   model_config = hugging_face.model_config(config)
   rng = np.random.default_rng(seed)
-  names = ['model.embed_tokens.weight', 'model.norm.weight', 'lm_head.weight']
-  for index in range(layers):
-    names += [f'model.layers.{index}.{name}.weight' for name in (
-        'self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj', 'self_attn.o_proj', 'mlp.gate_proj', 'mlp.up_proj',
-        'mlp.down_proj', 'input_layernorm', 'post_attention_layernorm')]
-  tensors = {name: (rng.normal(size=hugging_face.llama_shape(name, model_config)) * 0.2
-                    + (1.0 if 'norm' in name else 0.0)).astype(np.float32) for name in names}
+  tensors = {row.name: (rng.normal(size=row.shape) * 0.2 + (1.0 if 'norm' in row.name else 0.0)).astype(np.float32)
+             for row in llama.table(model_config)}
   os.makedirs(folder, exist_ok=True)
   save_file(tensors, str(folder / 'model.safetensors'))
   (folder / 'config.json').write_text(json.dumps(config))

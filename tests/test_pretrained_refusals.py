@@ -1,6 +1,10 @@
 """What the checkpoints' import refuses (experiments/pretrained/), each by name with what would be valid: these need
 no PyTorch, unlike tests/test_pretrained.py's comparisons."""
 
+import json
+import re
+
+import numpy as np
 import pytest
 
 from experiments.pretrained import gguf_file, hugging_face
@@ -101,3 +105,109 @@ def test_a_gguf_tensor_of_a_quantization_the_package_cannot_dequantize_is_refuse
   with pytest.raises(hugging_face.PretrainedError, match=r'blk.0.attn_q.weight: quantization type Q8_1, which the '
                      r'gguf package cannot dequantize'):
     read('blk.0.attn_q.weight')
+
+
+LLAMA = dict(architectures=['LlamaForCausalLM'], num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+             intermediate_size=48, vocab_size=50, num_hidden_layers=1, rms_norm_eps=1e-5, max_position_embeddings=64)
+
+
+@pytest.mark.parametrize('changes, message', [
+    ({'rope_scaling': {'rope_type': 'linear', 'factor': -2}}, r'rope_scaling: factor: got -2; valid: a finite number > 0'),
+    ({'rope_scaling': {'rope_type': 'linear', 'factor': 0}}, r'factor: got 0; valid'),
+    ({'rope_scaling': {'rope_type': 'linear', 'factor': float('nan')}}, r'factor: got nan; valid'),
+    ({'rope_scaling': {'rope_type': 'linear', 'factor': 0.5}}, r'position.extension_factor: got 0.5; valid: a finite '
+                                                                r'number >= 1'),
+    ({'rope_scaling': {'rope_type': 'linear'}}, r'rope_scaling: factor: missing'),
+    ({'rope_scaling': {'rope_type': 'llama3', 'factor': 8.0, 'high_freq_factor': 4.0}}, r'low_freq_factor: missing'),
+    ({'rope_theta': 0}, r'rope_theta: got 0; valid: a finite number > 1'),
+    ({'rope_theta': -5.0}, r'rope_theta: got -5.0'),
+    ({'num_key_value_heads': 3}, r'num_kv_heads: got 3; valid: a divisor of num_heads=4'),
+    ({'num_attention_heads': 0}, r'num_attention_heads: got 0; valid: an integer > 0'),
+    ({'num_attention_heads': '4'}, r"num_attention_heads: got '4'"),
+    ({'rms_norm_eps': None}, r'rms_norm_eps: missing'),
+    ({'rope_scaling': {'rope_type': 'linear', 'factor': 2.0}, 'rope_parameters': {'rope_type': 'linear', 'factor': 4.0}},
+     r'rope_scaling and rope_parameters disagree \(factor\)'),
+    ({'rope_scaling': {'rope_type': 'linear', 'factor': 2.0}, 'rope_parameters': {'rope_type': 'yarn', 'factor': 2.0}},
+     r"disagree \(type 'linear' against 'yarn'\)"),
+    ({'rope_parameters': {'full_attention': {'rope_theta': 1e6}, 'sliding_attention': {'rope_theta': 1e4}}},
+     r'rope_parameters: keyed by full_attention, sliding_attention'),
+    ({'rope_scaling': [2.0]}, r'rope_scaling: got \[2.0\]; valid: null or an object'),
+    ({'tie_word_embeddings': 'yes'}, r"tie_word_embeddings: got 'yes'; valid: true or false"),
+])
+def test_a_config_field_out_of_range_is_refused_in_one_line_naming_it(changes, message):
+  """Each case raised KeyError, ZeroDivisionError or the library's own ValueError (a traceback) before; now one
+  PretrainedError that the command prints as one line."""
+  fields = {**LLAMA, **changes}
+  fields = {name: value for name, value in fields.items() if value is not None}
+  with pytest.raises(hugging_face.PretrainedError, match=message) as raised:
+    hugging_face.model_config(fields)
+  assert '\n' not in str(raised.value)
+
+
+def test_gpt_neox_rotating_more_than_its_heads_is_refused():
+  neox = dict(architectures=['GPTNeoXForCausalLM'], num_attention_heads=4, hidden_size=64, intermediate_size=96,
+              vocab_size=50, num_hidden_layers=1)
+  with pytest.raises(hugging_face.PretrainedError, match=r'rotary_pct: got 1.5, which rotates 24 of 16 features'):
+    hugging_face.model_config({**neox, 'rotary_pct': 1.5})
+  assert hugging_face.model_config({**neox, 'rotary_pct': 0.5}).position.kind == 'p_rope'
+
+
+def _llama_folder(folder, extra=None, config=None):
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  from experiments.pretrained import llama  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  fields = config or LLAMA
+  tensors = {row.name: rng.normal(size=row.shape).astype(np.float32)
+             for row in llama.table(hugging_face.model_config(fields))}
+  save_file({**tensors, **(extra or {})}, str(folder / 'model.safetensors'))
+  (folder / 'config.json').write_text(json.dumps(fields))
+  return folder
+
+
+def test_a_tensor_the_config_does_not_describe_is_refused_by_name(tmp_path):
+  """A layer beyond num_hidden_layers, or a bias the config does not turn on, was dropped without a word."""
+  _llama_folder(tmp_path)
+  hugging_face.load(str(tmp_path))
+  for extra in ({'model.layers.1.mlp.up_proj.weight': np.zeros((48, 32), np.float32)},
+                {'model.layers.0.self_attn.o_proj.bias': np.zeros(32, np.float32)}):
+    _llama_folder(tmp_path, extra)
+    with pytest.raises(hugging_face.PretrainedError, match=r'holds 1 tensor\(s\) this import does not read \('
+                                                           + re.escape(next(iter(extra)))):
+      hugging_face.load(str(tmp_path))
+  _llama_folder(tmp_path, {'model.layers.0.self_attn.rotary_emb.inv_freq': np.ones(4, np.float32)})
+  hugging_face.load(str(tmp_path))  # a buffer transformers recomputes too
+
+
+def test_files_that_are_not_what_they_claim_are_refused_in_one_line(tmp_path):
+  from experiments.pretrained import source  # pylint: disable=g-import-not-at-top
+  _llama_folder(tmp_path)
+  weights = tmp_path / 'model.safetensors'
+  data = weights.read_bytes()
+  length = int.from_bytes(data[:8], 'little')
+  header = json.loads(data[8:8 + length])
+  cases = []
+  cases.append(((10 ** 9).to_bytes(8, 'little') + data[8:], r'its header claims 1000000000 bytes'))
+  name = 'model.norm.weight'
+  lying = json.dumps({**header, name: {**header[name], 'shape': [64]}}, separators=(',', ':')).encode()
+  assert len(lying) <= length
+  lying += b' ' * (length - len(lying))
+  cases.append((data[:8] + lying + data[8 + length:], r'model.norm.weight: shape \[64\] of F32 is 256 bytes, and its '
+                                                      r'data_offsets span 128'))
+  cases.append((data[:8] + b'[' + b' ' * (length - 2) + b']' + data[8 + length:], r'its header is a JSON list'))
+  for content, message in cases:
+    weights.write_bytes(content)
+    with pytest.raises(hugging_face.PretrainedError, match=message):
+      source.read_source(str(tmp_path))
+  weights.write_bytes(data)
+  for file, content, message in (('config.json', '{"architectures": [', r'config.json: does not read as JSON'),
+                                 ('config.json', '[1, 2]', r'config.json: holds a JSON list'),
+                                 ('tokenizer.json', 'not json', r'tokenizer.json: does not read as JSON')):
+    original = (tmp_path / file).read_text() if (tmp_path / file).exists() else None
+    (tmp_path / file).write_text(content)
+    with pytest.raises(hugging_face.PretrainedError, match=message):
+      source.read_source(str(tmp_path))
+    if original is None:
+      (tmp_path / file).unlink()
+    else:
+      (tmp_path / file).write_text(original)
+  source.read_source(str(tmp_path))

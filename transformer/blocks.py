@@ -95,7 +95,7 @@ class TransformerLayer(nn.Module):
                      dropout_rate=config.attention_dropout_rate,
                      block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
                      implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
-                     out_bias=config.use_bias)
+                     out_bias=config.use_bias or config.attention_output_bias)
     self_attention = MultiHeadAttention(**attention, name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
@@ -105,8 +105,8 @@ class TransformerLayer(nn.Module):
                                         segments_BxL=segments_BxL if cache_index is None else None)
     attend = lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
                                       deterministic=deterministic, **cache)
-    feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate, config.use_bias,
-                               name='feed_forward')
+    feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
+                               config.use_bias or config.feed_forward_bias, name='feed_forward')
     if config.parallel_residual:
       if self.cross_attention:
         raise ValueError('parallel_residual: got True in a layer with cross-attention; valid: False for an '

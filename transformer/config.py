@@ -79,6 +79,9 @@ class ModelConfig:
   layer_norm_eps: float = 1e-6       # the epsilon of either norm (Llama 1 1e-6; Llama 2, SmolLM2 1e-5)
   use_bias: bool = True              # biases on every projection and the feed-forward
   qkv_bias: bool = False             # biases on the query, key and value projections even without use_bias (Qwen2)
+  attention_output_bias: bool = False  # a bias on attention's output projection even without use_bias (Llama's
+  #                                    attention_bias, with qkv_bias)
+  feed_forward_bias: bool = False    # biases on the feed-forward's projections even without use_bias (Llama's mlp_bias)
   parallel_residual: bool = False    # pre-LN x + Attention(LN1(x)) + FFN(LN2(x)) (GPT-J, GPT-NeoX); decoder-only
   scale_embeddings: bool = True      # multiply token embeddings by sqrt(model_dim), as in the paper
   tie_embeddings: bool = True        # output logits = x E^T with the input embedding table E

@@ -1,6 +1,6 @@
 """A GGUF file (llama.cpp's format) of the llama or qwen2 architecture as this library's decoder: its metadata mapped
 to transformer.ModelConfig, its tensors read with the `gguf` package and dequantized to float32 (Q4_1, Q8_0, F16,
-F32 and the other types the package knows), then read as the Hugging Face Llama layout is (hugging_face.py).
+F32 and the other types the package knows), then read by the Llama table (llama.py).
 
 llama.cpp's converter permutes each head's query and key rows of the llama architecture into interleaved order
 (row 2i is Hugging Face's row i, row 2i + 1 its row i + d/2) and leaves qwen2's in Hugging Face's halves (it
@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 
 import transformer
-from experiments.pretrained import hugging_face
-from experiments.pretrained.hugging_face import PretrainedError
+from experiments.pretrained import llama, rope_config, tables
+from experiments.pretrained.tables import PretrainedError
 
 SUPPORTED_ARCHITECTURES = ('llama', 'qwen2')
 INTERLEAVED = ('llama',)  # the architectures whose query and key rows llama.cpp's converter interleaves
@@ -36,6 +36,7 @@ LAYER_NAMES = {'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self
                'self_attn.o_proj': 'attn_output', 'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up',
                'mlp.down_proj': 'ffn_down', 'input_layernorm': 'attn_norm', 'post_attention_layernorm': 'ffn_norm'}
 HF_LAYER = re.compile(r'^model\.layers\.(\d+)\.(.+)\.(weight|bias)$')
+GGUF_LAYER = re.compile(r'^blk\.(\d+)\.(\w+)\.(weight|bias)$')
 
 
 def _field(reader, name: str, default=None):
@@ -53,32 +54,51 @@ def model_config(reader) -> transformer.ModelConfig:
   arch = _field(reader, 'general.architecture')
   if arch not in SUPPORTED_ARCHITECTURES:
     raise PretrainedError(f'general.architecture: got {arch!r}; valid: {", ".join(SUPPORTED_ARCHITECTURES)}')
-  width, heads = int(_field(reader, f'{arch}.embedding_length')), int(_field(reader, f'{arch}.attention.head_count'))
+  width, heads = (_count(reader, f'{arch}.{key}') for key in ('embedding_length', 'attention.head_count'))
   head_dim = width // heads
   rotated = int(_field(reader, f'{arch}.rope.dimension_count', head_dim))
   if rotated != head_dim:
     raise PretrainedError(f'{arch}.rope.dimension_count: got {rotated}; valid: the head width {head_dim} (partial '
                           'rotary is not read from a GGUF file yet)')
-  position = hugging_face.rope_position({'rope_theta': float(_field(reader, f'{arch}.rope.freq_base', 10000.0)),
-                                         'rope_scaling': rope_scaling(reader, arch)})
+  position = rope_config.rope_position({'rope_theta': float(_field(reader, f'{arch}.rope.freq_base', 10000.0)),
+                                        'rope_scaling': rope_scaling(reader, arch)})
   names = {tensor.name for tensor in reader.tensors}
-  vocabulary = next(tensor for tensor in reader.tensors if tensor.name == 'token_embd.weight').shape[-1]
+  embedding = [tensor for tensor in reader.tensors if tensor.name == 'token_embd.weight']
+  if not embedding:
+    raise PretrainedError('--source: the GGUF file has no token_embd.weight; valid: a llama.cpp GGUF file with its '
+                          'token embedding (the vocabulary is read from its shape)')
+  vocabulary = embedding[0].shape[-1]
   if ROPE_FACTORS in names:
     if position.settings.rope_extension != 'none':
       raise PretrainedError(f'{arch}.rope.scaling.type: got {_field(reader, f"{arch}.rope.scaling.type")!r} beside '
                             f'{ROPE_FACTORS}; valid: one of the two')
     factors = ' '.join(str(float(f)) for f in tensor_reader(reader)(ROPE_FACTORS).reshape(-1))
-    position = transformer.PositionConfig('rope', rope_base=position.settings.rope_base, rope_extension='longrope',
-                                          original_length=max(2, context_length(reader)),
-                                          longrope_short_factors=factors, longrope_long_factors=factors)
-  return transformer.ModelConfig(
-      vocab_size=int(vocabulary), model_dim=width, num_heads=heads,
-      num_kv_heads=int(_field(reader, f'{arch}.attention.head_count_kv', heads)),
-      feed_forward_dim=int(_field(reader, f'{arch}.feed_forward_length')), num_encoder_layers=0,
-      num_decoder_layers=int(_field(reader, f'{arch}.block_count')), dropout_rate=0.0, activation='swiglu',
-      norm='pre', norm_type='rmsnorm', layer_norm_eps=float(_field(reader, f'{arch}.attention.layer_norm_rms_epsilon')),
-      use_bias=False, qkv_bias=arch == 'qwen2', tie_embeddings='output.weight' not in names, scale_embeddings=False,
-      position=position)
+    position = tables.position_config('rope', WHERE, rope_base=position.settings.rope_base, rope_extension='longrope',
+                                      original_length=max(2, context_length(reader)),
+                                      longrope_short_factors=factors, longrope_long_factors=factors)
+  return tables.model_config(
+      WHERE, **llama.BLOCK, vocab_size=int(vocabulary), model_dim=width, num_heads=heads,
+      num_kv_heads=_count(reader, f'{arch}.attention.head_count_kv', heads),
+      feed_forward_dim=_count(reader, f'{arch}.feed_forward_length'), num_encoder_layers=0,
+      num_decoder_layers=_count(reader, f'{arch}.block_count'), dropout_rate=0.0,
+      layer_norm_eps=tables.number({'epsilon': _field(reader, f'{arch}.attention.layer_norm_rms_epsilon')}, 'epsilon',
+                                   where=f'{arch}.attention.layer_norm_rms_epsilon'),
+      qkv_bias=arch == 'qwen2', tie_embeddings='output.weight' not in names, position=position)
+
+
+WHERE = 'the GGUF file\'s metadata'
+
+
+def _count(reader, name: str, default=None) -> int:
+  """A positive integer of the file's metadata; PretrainedError naming the key otherwise."""
+  value = _field(reader, name, default)
+  try:
+    number = int(value)
+  except (TypeError, ValueError):
+    number = 0
+  if number < 1 or number != value:
+    raise PretrainedError(f'{name}: got {value!r}; valid: a positive integer')
+  return number
 
 
 # llama.cpp's YaRN keys that transformers' rope_scaling has no field for, with the value that leaves YaRN as it is.
@@ -147,27 +167,36 @@ def gguf_name(hf_name: str) -> str:
   return f'blk.{match[1]}.{LAYER_NAMES[match[2]]}.{match[3]}'
 
 
+def hugging_face_name(name: str) -> str:
+  """The Hugging Face Llama name of a llama.cpp tensor (blk.3.attn_q.bias -> model.layers.3.self_attn.q_proj.bias);
+  '' for a name the llama layout has no tensor for."""
+  for hf_name, gguf in GLOBAL_NAMES.items():
+    if name == gguf:
+      return hf_name
+  match = GGUF_LAYER.match(name)
+  theirs = {gguf: hf for hf, gguf in LAYER_NAMES.items()}.get(match[2]) if match else None
+  return f'model.layers.{match[1]}.{theirs}.{match[3]}' if theirs else ''
+
+
 def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, arch: str, names) -> dict:
-  """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors, read(llama.cpp name) each;
-  names: every tensor the file holds, PretrainedError naming one left unread."""
-  taken = set()
+  """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors, read(llama.cpp name) each, by the
+  llama table (llama.py); names: every tensor the file holds, PretrainedError naming one left unread."""
+  expected = {row.name for row in llama.table(config)}
+  unnamed = sorted(name for name in names if name != ROPE_FACTORS and hugging_face_name(name) not in expected)
+  if unnamed:
+    raise PretrainedError(f'the GGUF file holds {len(unnamed)} tensor(s) this import does not read '
+                          f'({", ".join(unnamed[:4])}); valid: the {arch} architecture\'s tensors only, so that none '
+                          'is dropped')
 
   def read_as_hugging_face(hf_name: str) -> np.ndarray:
-    name = gguf_name(hf_name)
-    taken.add(name)
-    array = read(name)
+    array = read(gguf_name(hf_name))
     match = HF_LAYER.match(hf_name)
     heads = match and {'self_attn.q_proj': config.num_heads, 'self_attn.k_proj': config.key_value_heads}.get(match[2])
     if arch in INTERLEAVED and heads and array.shape[0] == heads * config.head_dim:  # else the shape is refused
-      array = hugging_face.halves_per_head(array, heads, config.head_dim)
+      array = tables.permute_heads(array, heads, np.argsort(tables.rotary_order(config.head_dim)))
     return array
-  result = hugging_face.llama_params(read_as_hugging_face, config, 'the file\'s metadata')
-  unread = sorted(set(names) - taken - {ROPE_FACTORS})
-  if unread:
-    raise PretrainedError(f'the GGUF file holds {len(unread)} tensor(s) this import does not read '
-                          f'({", ".join(unread[:4])}); valid: the {arch} architecture\'s tensors only, so that none '
-                          'is dropped')
-  return result
+  hf_names = [hugging_face_name(name) for name in names if name != ROPE_FACTORS]
+  return llama.params(read_as_hugging_face, hf_names, config, WHERE)
 
 
 # tokenizer.ggml.pre -> whether digits are split one by one before GPT-2's split (llama.cpp's pre-tokenizers).

@@ -1,23 +1,25 @@
-"""GPT-2 (GPT2LMHeadModel, Radford et al. 2019) as this library's decoder and back: learned absolute positions
-(transformer.wpe, n_positions rows), pre-LayerNorm with biases, the tanh approximation of GELU (gelu_new), a
-feed-forward n_inner wide (4 x n_embd by default), tied embeddings. Its Conv1D layers store weights as (in x out),
-this library's kernel as it is; the attention's fused c_attn holds the query, key and value kernels side by side.
-"""
-
-from typing import Callable
+"""GPT-2 (GPT2LMHeadModel, Radford et al. 2019) both ways: learned absolute positions (transformer.wpe, n_positions
+rows), pre-LayerNorm with biases, the tanh approximation of GELU (gelu_new), a feed-forward n_inner wide (4 x n_embd
+by default), tied embeddings. Its Conv1D layers store weights as (in x out), this library's kernel as it is; the
+attention's fused c_attn holds the query, key and value kernels side by side (one row of the table, three
+parameters)."""
 
 import numpy as np
-from flax.core import meta
 
 import transformer
-from experiments.pretrained.hugging_face import PretrainedError, checked, unbiased_output
+from experiments.pretrained import tables
+from experiments.pretrained.tables import PretrainedError, flag, layer_path, number
 
 ARCHITECTURE = 'GPT2LMHeadModel'
 TANH_GELU = ('gelu_new', 'gelu_pytorch_tanh')  # this library's gelu is jax.nn.gelu, the tanh approximation
+BLOCK = dict(architecture='transformer', norm='pre', norm_type='layernorm', activation='gelu', use_bias=True,
+             parallel_residual=False, scale_embeddings=False)
+EMBEDDING, OUTPUT = 'transformer.wte.weight', 'lm_head.weight'
 
 
-def model_config(hf_config: dict) -> transformer.ModelConfig:
-  width, heads = hf_config['n_embd'], hf_config['n_head']
+def model_config(hf_config: dict, name: str = ARCHITECTURE) -> transformer.ModelConfig:
+  del name
+  width = number(hf_config, 'n_embd', integer=True)
   activation = hf_config.get('activation_function', 'gelu_new')
   if activation not in TANH_GELU:
     raise PretrainedError(f'config.json: activation_function: got {activation!r}; valid: {", ".join(TANH_GELU)} '
@@ -25,67 +27,78 @@ def model_config(hf_config: dict) -> transformer.ModelConfig:
   for field in ('scale_attn_by_inverse_layer_idx', 'reorder_and_upcast_attn', 'add_cross_attention'):
     if hf_config.get(field):
       raise PretrainedError(f'config.json: {field}: got {hf_config[field]!r}; valid: false')
-  if hf_config.get('scale_attn_weights', True) is False:
+  if not flag(hf_config, 'scale_attn_weights', True):
     raise PretrainedError('config.json: scale_attn_weights: got false; valid: true (logits / sqrt(head width))')
-  return transformer.ModelConfig(
-      vocab_size=hf_config['vocab_size'], model_dim=width, num_heads=heads, num_kv_heads=heads,
-      feed_forward_dim=hf_config.get('n_inner') or 4 * width, num_encoder_layers=0,
-      num_decoder_layers=hf_config['n_layer'], dropout_rate=0.0, activation='gelu', norm='pre',
-      norm_type='layernorm', layer_norm_eps=float(hf_config.get('layer_norm_epsilon', 1e-5)), use_bias=True,
-      tie_embeddings=bool(hf_config.get('tie_word_embeddings', True)), scale_embeddings=False,
-      position=transformer.PositionConfig('learned', max_length=int(hf_config['n_positions'])))
+  return tables.model_config(
+      **BLOCK, vocab_size=number(hf_config, 'vocab_size', integer=True), model_dim=width,
+      num_heads=number(hf_config, 'n_head', integer=True), num_kv_heads=0,
+      feed_forward_dim=number(hf_config, 'n_inner', 4 * width, integer=True), num_encoder_layers=0,
+      num_decoder_layers=number(hf_config, 'n_layer', integer=True), dropout_rate=0.0,
+      layer_norm_eps=number(hf_config, 'layer_norm_epsilon', 1e-5), tie_embeddings=flag(hf_config, 'tie_word_embeddings', True),
+      position=tables.position_config('learned', max_length=number(hf_config, 'n_positions', integer=True)))
 
 
-def shape(name: str, config: transformer.ModelConfig) -> tuple:
-  width, hidden = config.model_dim, config.feed_forward_dim
-  rows = config.position.settings.max_length
-  table = {'c_attn.weight': (width, 3 * width), 'c_attn.bias': (3 * width,), 'c_fc.weight': (width, hidden),
-           'c_fc.bias': (hidden,), 'wte.weight': (config.vocab_size, width), 'wpe.weight': (rows, width),
-           'lm_head.weight': (config.vocab_size, width)}
-  leaf = '.'.join(name.rsplit('.', 2)[-2:])
-  if leaf == 'c_proj.weight':
-    return (hidden, width) if '.mlp.' in name else (width, width)
-  return table.get(leaf, (width,))
+def _fused(name: str, index: int, shape: tuple) -> tables.Row:
+  """c_attn's weight or bias: the query's, key's and value's side by side on the last axis."""
+  leaf = 'kernel' if len(shape) == 2 else 'bias'
+  paths = tuple(layer_path(index, 'self_attention', part, leaf) for part in ('query', 'key', 'value'))
+  return tables.Row(name, paths, shape, lambda array: tuple(np.split(array, 3, axis=-1)),
+                    lambda arrays: np.concatenate(arrays, axis=-1))
 
 
-def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig) -> dict:
-  """{'params': ...} of transformer.DecoderOnly(config) from GPT2LMHeadModel's tensors, read(name) each."""
-  read = checked(read, lambda name: shape(name, config), 'config.json')
-  width = config.model_dim
+def table(config: transformer.ModelConfig) -> list:
+  width, hidden, vocabulary = config.model_dim, config.feed_forward_dim, config.vocab_size
 
-  def norm(name):
-    return {'LayerNorm_0': {'scale': read(f'{name}.weight'), 'bias': read(f'{name}.bias')}}
-  layers = {}
+  def norm(name, *path):
+    return tables.layer_norm(name, path, width)
+  rows = [tables.same(EMBEDDING, ('embedding', 'embedding', 'embedding'), (vocabulary, width)),
+          tables.same('transformer.wpe.weight', ('decoder', 'position', 'table'),
+                      (config.position.settings.max_length, width)),
+          *norm('transformer.ln_f', 'decoder', 'final_norm')]
+  if not config.tie_embeddings:
+    rows.append(tables.output_without_bias(OUTPUT, (vocabulary, width)))
   for index in range(config.num_decoder_layers):
     prefix = f'transformer.h.{index}'
-    fused, fused_bias = read(f'{prefix}.attn.c_attn.weight'), read(f'{prefix}.attn.c_attn.bias')
-    attention = {name: {'kernel': fused[:, part * width:(part + 1) * width],
-                        'bias': fused_bias[part * width:(part + 1) * width]}
-                 for part, name in enumerate(('query', 'key', 'value'))}
-    attention['out'] = {'kernel': read(f'{prefix}.attn.c_proj.weight'), 'bias': read(f'{prefix}.attn.c_proj.bias')}
-    layers[f'layer_{index}'] = {
-        'self_attention': attention, 'self_attention_residual': norm(f'{prefix}.ln_1'),
-        'feed_forward': {'hidden_kernel': read(f'{prefix}.mlp.c_fc.weight'), 'hidden_bias': read(f'{prefix}.mlp.c_fc.bias'),
-                         'output_kernel': read(f'{prefix}.mlp.c_proj.weight'),
-                         'output_bias': read(f'{prefix}.mlp.c_proj.bias')},
-        'feed_forward_residual': norm(f'{prefix}.ln_2')}
-  final = norm('transformer.ln_f')['LayerNorm_0']
-  embedding = {'embedding': {'embedding': read('transformer.wte.weight')}}
-  if not config.tie_embeddings:
-    embedding['output'] = unbiased_output(read('lm_head.weight'))
-  return {'params': {'decoder': {**layers, 'final_norm': final, 'position': {'table': read('transformer.wpe.weight')}},
-                     'embedding': embedding}}
+    rows += [_fused(f'{prefix}.attn.c_attn.weight', index, (width, 3 * width)),
+             _fused(f'{prefix}.attn.c_attn.bias', index, (3 * width,)),
+             tables.same(f'{prefix}.attn.c_proj.weight', layer_path(index, 'self_attention', 'out', 'kernel'),
+                         (width, width)),
+             tables.same(f'{prefix}.attn.c_proj.bias', layer_path(index, 'self_attention', 'out', 'bias'), (width,))]
+    for theirs, ours, shape in (('c_fc', 'hidden', (width, hidden)), ('c_proj', 'output', (hidden, width))):
+      rows += [tables.same(f'{prefix}.mlp.{theirs}.weight', layer_path(index, 'feed_forward', f'{ours}_kernel'), shape),
+               tables.same(f'{prefix}.mlp.{theirs}.bias', layer_path(index, 'feed_forward', f'{ours}_bias'), shape[1:])]
+    rows += norm(f'{prefix}.ln_1', *layer_path(index, 'self_attention_residual', 'LayerNorm_0'))
+    rows += norm(f'{prefix}.ln_2', *layer_path(index, 'feed_forward_residual', 'LayerNorm_0'))
+  return rows
 
 
-def exportable(config: transformer.ModelConfig) -> bool:
-  """Whether the run's model is GPT-2's block: learned positions, pre-LayerNorm, GELU, biases, multi-head."""
-  return (config.position.kind == 'learned' and config.norm == 'pre' and config.norm_type == 'layernorm'
-          and config.activation == 'gelu' and config.use_bias and config.key_value_heads == config.num_heads
-          and not config.parallel_residual and not config.scale_embeddings and config.architecture == 'transformer'
-          and config.position.settings.interpolation_factor == 1.0)
+def buffers(name: str) -> bool:
+  """The causal mask older checkpoints store per layer (attn.bias, attn.masked_bias: buffers, not weights)."""
+  return name.endswith(('.attn.masked_bias', '.attn.bias'))
 
 
-def hf_config(config: transformer.ModelConfig) -> dict:
+def params(read, names, config: transformer.ModelConfig, where: str = 'config.json') -> dict:
+  tied_head = tables.tied_output(read, names, config, EMBEDDING, OUTPUT, where)
+  return tables.read_params(table(config), read, names, where, lambda name: buffers(name) or name == tied_head)
+
+
+def exportable(config: transformer.ModelConfig) -> str:
+  """'' when the run's model is GPT-2's block: learned positions, pre-LayerNorm, GELU, biases, multi-head."""
+  if config.position.kind != 'learned':
+    return f'model.position.kind: got {config.position.kind!r}; valid: learned (GPT-2\'s block)'
+  for field, value in BLOCK.items():
+    if getattr(config, field) != value:
+      return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (GPT-2\'s block)'
+  if config.key_value_heads != config.num_heads:
+    return f'model.num_kv_heads: got {config.num_kv_heads}; valid: 0 (GPT-2 is multi-head)'
+  if config.position.settings.interpolation_factor != 1.0:
+    return (f'model.position.interpolation_factor: got {config.position.settings.interpolation_factor}; valid: 1.0 '
+            '(GPT-2 has no interpolation)')
+  return ''
+
+
+def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
+  del context_length  # n_positions is the table's rows
   return dict(architectures=[ARCHITECTURE], model_type='gpt2', vocab_size=config.vocab_size,
               n_positions=config.position.settings.max_length, n_embd=config.model_dim, n_layer=config.num_decoder_layers,
               n_head=config.num_heads, n_inner=config.feed_forward_dim, activation_function='gelu_new',
@@ -94,31 +107,4 @@ def hf_config(config: transformer.ModelConfig) -> dict:
 
 
 def tensors(variables: dict, config: transformer.ModelConfig) -> dict:
-  """{GPT2LMHeadModel name: float32 NumPy array} of transformer.DecoderOnly(config)'s {'params': ...}."""
-  tree = meta.unbox(variables)['params']
-  found = {'transformer.wte.weight': tree['embedding']['embedding']['embedding'],
-           'transformer.wpe.weight': tree['decoder']['position']['table'],
-           'transformer.ln_f.weight': tree['decoder']['final_norm']['scale'],
-           'transformer.ln_f.bias': tree['decoder']['final_norm']['bias']}
-  if not config.tie_embeddings:
-    if np.any(np.asarray(tree['embedding']['output']['bias'])):
-      raise PretrainedError('model.tie_embeddings: got False, with an output bias; valid for GPT2LMHeadModel: tied '
-                            'embeddings, or an output bias of zeros (its lm_head has none)')
-    found['lm_head.weight'] = np.asarray(tree['embedding']['output']['kernel']).T
-  for index in range(config.num_decoder_layers):
-    layer, prefix = tree['decoder'][f'layer_{index}'], f'transformer.h.{index}'
-    attention = layer['self_attention']
-    found[f'{prefix}.attn.c_attn.weight'] = np.concatenate([attention[n]['kernel'] for n in ('query', 'key', 'value')],
-                                                           axis=1)
-    found[f'{prefix}.attn.c_attn.bias'] = np.concatenate([attention[n]['bias'] for n in ('query', 'key', 'value')])
-    found[f'{prefix}.attn.c_proj.weight'] = attention['out']['kernel']
-    found[f'{prefix}.attn.c_proj.bias'] = attention['out']['bias']
-    feed_forward = layer['feed_forward']
-    found.update({f'{prefix}.mlp.c_fc.weight': feed_forward['hidden_kernel'],
-                  f'{prefix}.mlp.c_fc.bias': feed_forward['hidden_bias'],
-                  f'{prefix}.mlp.c_proj.weight': feed_forward['output_kernel'],
-                  f'{prefix}.mlp.c_proj.bias': feed_forward['output_bias']})
-    for ours, theirs in (('self_attention_residual', 'ln_1'), ('feed_forward_residual', 'ln_2')):
-      found[f'{prefix}.{theirs}.weight'] = layer[ours]['LayerNorm_0']['scale']
-      found[f'{prefix}.{theirs}.bias'] = layer[ours]['LayerNorm_0']['bias']
-  return {name: np.ascontiguousarray(np.asarray(array, np.float32)) for name, array in found.items()}
+  return tables.write_tensors(table(config), variables)

@@ -1,0 +1,141 @@
+"""The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; Touvron et al. 2023) both ways: pre-RMSNorm,
+SwiGLU, grouped-query attention, RoPE (its rope_scaling as a context extension: rope_config.py), tied or untied
+embeddings; Llama's attention_bias (query, key, value and output biases) and mlp_bias (the feed-forward's three),
+Qwen2's query, key and value biases. The table (`table`) is read by the import and written by the export; the
+query and key rows are permuted per head between rotate_half's halves and this library's pairs (tables.rotary).
+"""
+
+import transformer
+from experiments.pretrained import rope_config, tables
+from experiments.pretrained.tables import PretrainedError, flag, layer_path, number
+
+ARCHITECTURES = ('LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM')
+MODEL_TYPES = {'LlamaForCausalLM': 'llama', 'MistralForCausalLM': 'mistral', 'Qwen2ForCausalLM': 'qwen2'}
+# The block, as this library's ModelConfig fields: what an import sets and what an export requires.
+BLOCK = dict(architecture='transformer', norm='pre', norm_type='rmsnorm', activation='swiglu', use_bias=False,
+             parallel_residual=False, scale_embeddings=False)
+EMBEDDING, FINAL_NORM, OUTPUT = 'model.embed_tokens.weight', 'model.norm.weight', 'lm_head.weight'
+
+
+def model_config(hf_config: dict, name: str) -> transformer.ModelConfig:
+  """This library's config of a Llama-layout checkpoint; PretrainedError naming the field it cannot serve."""
+  heads = number(hf_config, 'num_attention_heads', integer=True)
+  width = number(hf_config, 'hidden_size', integer=True)
+  head_dim = number(hf_config, 'head_dim', width // heads, integer=True)
+  if head_dim * heads != width:
+    raise PretrainedError(f'config.json: head_dim: got {head_dim} with hidden_size={width} and {heads} heads; valid: '
+                          f'hidden_size / num_attention_heads = {width // heads}')
+  if hf_config.get('hidden_act', 'silu') != 'silu':
+    raise PretrainedError(f'config.json: hidden_act: got {hf_config["hidden_act"]!r}; valid: silu (SwiGLU)')
+  if hf_config.get('attention_dropout'):
+    raise PretrainedError(f'config.json: attention_dropout: got {hf_config["attention_dropout"]!r}; valid: 0')
+  window, longest = hf_config.get('sliding_window'), number(hf_config, 'max_position_embeddings', 0, integer=True)
+  if window and flag(hf_config, 'use_sliding_window', True) and window < longest:
+    raise PretrainedError(f'config.json: sliding_window: got {window} with max_position_embeddings={longest}; valid: '
+                          'null, or at least max_position_embeddings (every query here reads every earlier key, so '
+                          'beyond the window the logits would not be the model\'s)')
+  attention_bias = name != 'Qwen2ForCausalLM' and flag(hf_config, 'attention_bias', False)
+  return tables.model_config(
+      **BLOCK, vocab_size=number(hf_config, 'vocab_size', integer=True), model_dim=width, num_heads=heads,
+      num_kv_heads=number(hf_config, 'num_key_value_heads', heads, integer=True),
+      feed_forward_dim=number(hf_config, 'intermediate_size', integer=True), num_encoder_layers=0,
+      num_decoder_layers=number(hf_config, 'num_hidden_layers', integer=True), dropout_rate=0.0,
+      layer_norm_eps=number(hf_config, 'rms_norm_eps'), qkv_bias=name == 'Qwen2ForCausalLM' or attention_bias,
+      attention_output_bias=attention_bias, feed_forward_bias=flag(hf_config, 'mlp_bias', False),
+      tie_embeddings=flag(hf_config, 'tie_word_embeddings', False), position=rope_config.rope_position(hf_config))
+
+
+def table(config: transformer.ModelConfig) -> list:
+  """Every tensor of the Llama layout for config, as tables.Row."""
+  width, hidden, head_dim = config.model_dim, config.feed_forward_dim, config.head_dim
+  queries, keys = config.num_heads * head_dim, config.key_value_heads * head_dim
+  order = tables.rotary_order(head_dim)
+  rows = [tables.same(EMBEDDING, ('embedding', 'embedding', 'embedding'), (config.vocab_size, width)),
+          tables.same(FINAL_NORM, ('decoder', 'final_norm', 'scale'), (width,))]
+  if not config.tie_embeddings:
+    rows.append(tables.linear(OUTPUT, ('embedding', 'output', 'kernel'), (config.vocab_size, width)))
+  for index in range(config.num_decoder_layers):
+    prefix = f'model.layers.{index}'
+
+    def attention(*rest, index=index):
+      return layer_path(index, 'self_attention', *rest)
+    for ours, theirs, count in (('query', 'q_proj', config.num_heads), ('key', 'k_proj', config.key_value_heads)):
+      rows.append(tables.rotary(f'{prefix}.self_attn.{theirs}.weight', attention(ours, 'kernel'),
+                                (count * head_dim, width), count, order))
+      if config.qkv_bias:
+        rows.append(tables.rotary(f'{prefix}.self_attn.{theirs}.bias', attention(ours, 'bias'), (count * head_dim,),
+                                  count, order))
+    rows.append(tables.linear(f'{prefix}.self_attn.v_proj.weight', attention('value', 'kernel'), (keys, width)))
+    if config.qkv_bias:
+      rows.append(tables.same(f'{prefix}.self_attn.v_proj.bias', attention('value', 'bias'), (keys,)))
+    rows.append(tables.linear(f'{prefix}.self_attn.o_proj.weight', attention('out', 'kernel'), (width, queries)))
+    if config.attention_output_bias:
+      rows.append(tables.same(f'{prefix}.self_attn.o_proj.bias', attention('out', 'bias'), (width,)))
+    for ours, theirs, shape in (('gate', 'gate_proj', (hidden, width)), ('hidden', 'up_proj', (hidden, width)),
+                                ('output', 'down_proj', (width, hidden))):
+      rows.append(tables.linear(f'{prefix}.mlp.{theirs}.weight', layer_path(index, 'feed_forward', f'{ours}_kernel'),
+                                shape))
+      if config.feed_forward_bias:
+        rows.append(tables.same(f'{prefix}.mlp.{theirs}.bias', layer_path(index, 'feed_forward', f'{ours}_bias'),
+                                shape[:1]))
+    for ours, theirs in (('self_attention_residual', 'input_layernorm'),
+                         ('feed_forward_residual', 'post_attention_layernorm')):
+      rows.append(tables.same(f'{prefix}.{theirs}.weight', layer_path(index, ours, 'RMSNorm_0', 'scale'), (width,)))
+  return rows
+
+
+def buffers(name: str) -> bool:
+  """The rotary frequencies older checkpoints store (recomputed from the config, as transformers does)."""
+  return name.endswith('.self_attn.rotary_emb.inv_freq')
+
+
+def params(read, names, config: transformer.ModelConfig, where: str = 'config.json') -> dict:
+  """{'params': ...} of transformer.DecoderOnly(config) from the checkpoint's tensors (read(name); names: all of
+  them), every one read or refused (tables.read_params); a tied model's lm_head.weight is accepted when it equals
+  the embedding, and refused otherwise."""
+  tied_head = tables.tied_output(read, names, config, EMBEDDING, OUTPUT, where)
+  return tables.read_params(table(config), read, names, where, lambda name: buffers(name) or name == tied_head)
+
+
+def exportable(config: transformer.ModelConfig) -> str:
+  """'' when the run's model is the Llama layout; else the first field that is not, with what would be valid."""
+  if config.position.kind != 'rope':
+    return (f'model.position.kind: got {config.position.kind!r}; valid: rope (transformers\' Llama and Qwen2 hold no '
+            f'{config.position.kind} in this block)')
+  for field, value in BLOCK.items():
+    if getattr(config, field) != value:
+      return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (the Llama-style block)'
+  refused = rope_config.unexportable(config.position)
+  if refused:
+    return refused
+  if config.attention_output_bias and not config.qkv_bias:
+    return ('model.attention_output_bias: got True without qkv_bias; valid: both (Llama\'s attention_bias) or qkv_bias '
+            'alone (Qwen2)')
+  if config.qkv_bias and not config.attention_output_bias and config.feed_forward_bias:
+    return 'model.feed_forward_bias: got True with Qwen2\'s biases; valid: False (Qwen2 has no mlp_bias)'
+  return ''
+
+
+def architecture_of(config: transformer.ModelConfig) -> str:
+  return 'Qwen2ForCausalLM' if config.qkv_bias and not config.attention_output_bias else 'LlamaForCausalLM'
+
+
+def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
+  """config.json for the run's model (its RoPE settings from rope_config.rope_scaling)."""
+  name = architecture_of(config)
+  fields = dict(
+      architectures=[name], model_type=MODEL_TYPES[name], vocab_size=config.vocab_size, hidden_size=config.model_dim,
+      intermediate_size=config.feed_forward_dim, num_hidden_layers=config.num_decoder_layers,
+      num_attention_heads=config.num_heads, num_key_value_heads=config.key_value_heads, head_dim=config.head_dim,
+      hidden_act='silu', rms_norm_eps=config.layer_norm_eps, max_position_embeddings=context_length,
+      tie_word_embeddings=config.tie_embeddings, attention_bias=config.attention_output_bias,
+      mlp_bias=config.feed_forward_bias, attention_dropout=0.0, torch_dtype='float32')
+  fields.update(rope_config.rope_fields(config.position, context_length))
+  if name == 'Qwen2ForCausalLM':
+    fields.update(use_sliding_window=False, sliding_window=None)
+    del fields['attention_bias'], fields['mlp_bias']
+  return fields
+
+
+def tensors(variables: dict, config: transformer.ModelConfig) -> dict:
+  return tables.write_tensors(table(config), variables)
