@@ -4,8 +4,9 @@
   python -m experiments.train --config=configs/corpus.py --config.task.path=corpora/mine --workdir=runs/mine
 
 --input (repeatable) names files, folders (read at any depth) or globs of .txt and .jsonl files, plain or
-.gz/.xz compressed. A document is a whole .txt file (or each piece between --separator's occurrences) or
-each .jsonl line's --text_field. Each document goes to the held-out split when the SHA-256 of its text,
+.gz/.xz compressed, and of Parquet files (FineWeb's, RedPajama's, any dataset of the Hugging Face hub). A
+document is a whole .txt file (or each piece between --separator's occurrences), each .jsonl line's
+--text_field, or each Parquet row's --text_field column (read with pyarrow a row group at a time). Each document goes to the held-out split when the SHA-256 of its text,
 read as a fraction of 2^64, is below --heldout_fraction: adding documents never moves others.
 
 --tokenizer=bytes needs no training; --tokenizer=bpe trains a byte-level BPE of --vocab_size tokens with
@@ -33,7 +34,8 @@ from experiments.pretrained import gguf_file
 from experiments.shared import cli
 from experiments.shared.files import sha256_of_file
 
-_INPUT = flags.DEFINE_multi_string('input', None, 'A file, folder or glob of .txt/.jsonl (.gz/.xz) text; repeatable.')
+_INPUT = flags.DEFINE_multi_string('input', None, 'A file, folder or glob of .txt/.jsonl (.gz/.xz) text or .parquet; '
+                                   'repeatable.')
 _OUTPUT = flags.DEFINE_string('output', None, 'The folder to write (new, or empty).')
 _TOKENIZER = flags.DEFINE_string('tokenizer', 'bpe', f'One of {", ".join(KINDS)}, or the path of a pretrained model\'s '
                                  'tokenizer.json or GGUF file.')
@@ -41,7 +43,8 @@ _VOCAB_SIZE = flags.DEFINE_integer('vocab_size', 8192, 'BPE vocabulary size, EOD
 _HELDOUT = flags.DEFINE_float('heldout_fraction', 0.05, 'The fraction of documents held out, by hash of their text.')
 _SEPARATOR = flags.DEFINE_string('separator', '', 'Split .txt files into documents on this string (Python escapes '
                                  'such as \\n are read); empty: one document per file.')
-_TEXT_FIELD = flags.DEFINE_string('text_field', 'text', 'The field of each .jsonl line that holds its text.')
+_TEXT_FIELD = flags.DEFINE_string('text_field', 'text', 'The field of each .jsonl line, or the Parquet column, that '
+                                  'holds the text.')
 _ERRORS = flags.DEFINE_string('errors', 'strict', 'strict: refuse text that is not UTF-8; replace: replace it.')
 _DTYPE = flags.DEFINE_string('dtype', 'auto', 'Token id dtype: auto (uint16 when the vocabulary fits), uint16, uint32.')
 _SAMPLE = flags.DEFINE_integer('tokenizer_sample_bytes', 100_000_000, 'BPE: train on the first this many bytes of '
@@ -89,7 +92,8 @@ def pretrained_tokenizer(path: str) -> dict:
 def check_flags() -> dict:
   """Every flag, checked before anything is read or written."""
   if not _INPUT.value:
-    raise cli.CommandError('--input: missing; valid: a file, folder or glob of .txt/.jsonl text (repeatable)')
+    raise cli.CommandError('--input: missing; valid: a file, folder or glob of .txt/.jsonl text or .parquet '
+                           '(repeatable)')
   if not _OUTPUT.value:
     raise cli.CommandError('--output: missing; valid: a new or empty folder to write the corpus to')
   output = _OUTPUT.value
@@ -111,7 +115,8 @@ def check_flags() -> dict:
   if _SAMPLE.value < 1:
     raise cli.CommandError(f'--tokenizer_sample_bytes: got {_SAMPLE.value}; valid: a positive number of bytes')
   if not _TEXT_FIELD.value:
-    raise cli.CommandError('--text_field: empty; valid: the name of the .jsonl field that holds the text')
+    raise cli.CommandError('--text_field: empty; valid: the name of the .jsonl field or Parquet column that holds the '
+                           'text')
   if pretrained and _VOCAB_SIZE.present:
     raise cli.CommandError(f'--vocab_size: got {_VOCAB_SIZE.value} with --tokenizer={_TOKENIZER.value}, whose '
                            f'vocabulary is {vocab_size}; valid: --vocab_size only with --tokenizer=bpe')

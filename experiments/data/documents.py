@@ -1,10 +1,13 @@
 """Documents from a user's text, streamed: files, folder trees and globs of `.txt` and `.jsonl` files,
-either of them compressed as `.gz` or `.xz`.
+either of them compressed as `.gz` or `.xz`, and Parquet files (`.parquet`, compressed inside).
 
-A document is a whole `.txt` file, or each piece of one between occurrences of a separator, or the text
-field of each `.jsonl` line. Files are read in blocks and decoded incrementally, so memory holds one
-document (and one block) at a time; empty documents are skipped. A file that is not valid UTF-8 is an
-InputError naming the file and the byte offset (of the decompressed text), unless errors='replace'.
+A document is a whole `.txt` file, or each piece of one between occurrences of a separator, the text
+field of each `.jsonl` line, or the text column of each Parquet row (the column --text_field names; null
+rows are skipped, as empty documents are). Files are read in blocks and decoded incrementally, so memory
+holds one document (and one block) at a time; a Parquet file is read one row group at a time, its text
+column only (pyarrow), so memory holds one group. A file that is not valid UTF-8 is an InputError naming
+the file and the byte offset (of the decompressed text), unless errors='replace'; a Parquet file without
+that column, or whose column is not text, is refused naming the column and the columns it has.
 """
 
 import codecs
@@ -18,8 +21,9 @@ import os
 import stat
 from typing import Iterator, Optional
 
-TEXT_SUFFIXES = ('.txt', '.jsonl')
+TEXT_SUFFIXES = ('.txt', '.jsonl', '.parquet')
 COMPRESSED_SUFFIXES = ('.gz', '.xz')
+PARQUET = '.parquet'
 BLOCK_BYTES = 1 << 20
 ERRORS = ('strict', 'replace')
 
@@ -38,14 +42,16 @@ class InputFile:
 def _kind(path: str) -> Optional[str]:
   """'.txt' or '.jsonl' for a readable file name (a compressed one by the name inside), else None."""
   name = path.lower()
+  if name.endswith(PARQUET):
+    return PARQUET  # compressed inside, never wrapped
   for suffix in COMPRESSED_SUFFIXES:
     if name.endswith(suffix):
       name = name[:-len(suffix)]
-  return next((suffix for suffix in TEXT_SUFFIXES if name.endswith(suffix)), None)
+  return next((suffix for suffix in TEXT_SUFFIXES if name.endswith(suffix) and suffix != PARQUET), None)
 
 
 def _valid_names() -> str:
-  return f'{" or ".join(TEXT_SUFFIXES)} files, optionally {" or ".join(COMPRESSED_SUFFIXES)} compressed'
+  return (f'.txt or .jsonl files, optionally {" or ".join(COMPRESSED_SUFFIXES)} compressed, or {PARQUET} files')
 
 
 def _not_regular(path: str) -> Optional[str]:
@@ -171,12 +177,46 @@ def _jsonl_documents(path: str, text_field: str, errors: str) -> Iterator[str]:
                      f'whole if compressed') from None
 
 
+def _parquet_documents(path: str, text_field: str) -> Iterator[str]:
+  """The text column of each row, a row group at a time (that column only); null rows skipped."""
+  import pyarrow  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet  # pylint: disable=g-import-not-at-top
+  try:
+    file = pyarrow.parquet.ParquetFile(path)
+  except (OSError, pyarrow.ArrowException) as error:
+    raise InputError(f'{path}: cannot be read as Parquet ({" ".join(str(error).split())[:160]}); valid: a whole '
+                     'Parquet file') from None
+  with file:
+    schema = file.schema_arrow
+    if text_field not in schema.names:
+      raise InputError(f'{path}: no column {text_field!r} (it has {", ".join(schema.names[:8]) or "none"}); valid: '
+                       f'--text_field naming the column that holds each document\'s text')
+    kind = schema.field(text_field).type
+    if not (pyarrow.types.is_string(kind) or pyarrow.types.is_large_string(kind)
+            or getattr(pyarrow.types, 'is_string_view', lambda _: False)(kind)):
+      raise InputError(f'{path}: column {text_field!r} holds {kind}, not text; valid: --text_field naming a string '
+                       'column')
+    for group in range(file.num_row_groups):
+      try:
+        column = file.read_row_group(group, columns=[text_field]).column(0)
+      except (OSError, pyarrow.ArrowException) as error:
+        raise InputError(f'{path}: row group {group} cannot be read ({" ".join(str(error).split())[:160]}); valid: '
+                         'a whole Parquet file') from None
+      for text in column.to_pylist():
+        if text:
+          yield text
+      del column
+
+
 def read_documents(path: str, separator: str = '', text_field: str = 'text', errors: str = 'strict') -> Iterator[str]:
   """The non-empty documents of one file, in order."""
   if errors not in ERRORS:
     raise InputError(f'--errors: got {errors!r}; valid: {", ".join(ERRORS)}')
   if _kind(path) == '.jsonl':
     yield from (text for text in _jsonl_documents(path, text_field, errors) if text)
+    return
+  if _kind(path) == PARQUET:
+    yield from _parquet_documents(path, text_field)
     return
   buffer = ''
   for text in _text_blocks(path, errors):
