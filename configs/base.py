@@ -51,6 +51,8 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   """config.model and config.model.position: the architecture and its positional encoding."""
   config.model = ml_collections.ConfigDict()
   config.model.architecture = 'transformer'  # 'transformer', or the baselines 'lstm', 'rnn'
+  config.model.vocab_size = 0          # 0: the task's vocabulary; more: extra output rows beyond it (a pretrained
+  #                                      model's padded vocabulary, to fine-tune it with train.init_from)
   config.model.model_dim = 64          # d_model
   config.model.num_heads = 4           # heads; model_dim must be a multiple
   config.model.num_kv_heads = 0        # key and value heads (grouped-query attention), a divisor of num_heads;

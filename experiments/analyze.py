@@ -2,7 +2,8 @@
 
   python -m experiments.analyze --workdir=runs/copy [--text="To be, or not to be"] [--length=16]
 
-Writes WORKDIR/analysis/:
+Writes WORKDIR/analysis/ (with --corpus=DIR, a corpus of the run's tokenizer to draw the input from,
+WORKDIR/analysis-on-NAME-IDENTITY/):
   attention_maps.png    every layer's and head's self-attention weights for one input
   decomposition.png     absolute encodings (sinusoidal, learned): the first layer's logits split into
                         word-word, word-position, position-word and position-position terms, the
@@ -23,12 +24,15 @@ import numpy as np
 from absl import flags
 
 import transformer
+from experiments.evaluation import long_context
 from experiments.runs import checkpoints
 from experiments.shared import cli
 from experiments.shared.files import save_figure_atomically
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A training run directory (with config.json and checkpoints).')
 _TEXT = flags.DEFINE_string('text', None, 'Input text (character-level language models).')
+_CORPUS = flags.DEFINE_string('corpus', '', 'A language model of tokens: draw the input from this corpus (prepared '
+                              'with the run\'s tokenizer) instead of its own; the figures go to analysis-on-CORPUS/.')
 _LENGTH = flags.DEFINE_integer('length', None, 'Problem size of the sampled input (default: the training length).',
                                 lower_bound=1)
 
@@ -69,7 +73,7 @@ def _decoder_params(params, kind):
 def _restore():
   """The run's model config, task, input batch, parameters and the note on its attention core; refuses
   a run without attention and an input its position table cannot hold."""
-  config, task = checkpoints.run_model(_WORKDIR.value)
+  config, task = checkpoints.run_model(_WORKDIR.value, os.path.abspath(_CORPUS.value) if _CORPUS.value else '')
   if config.architecture != 'transformer':
     raise ValueError(f'--workdir: a {config.architecture} run has no attention to look inside; valid: a '
                      f'transformer run')
@@ -102,7 +106,7 @@ def main(argv):
     cli.fail(str(error))
   if note:
     print(note)
-  output = os.path.join(_WORKDIR.value, 'analysis')
+  output = os.path.join(_WORKDIR.value, f'analysis-on-{long_context.corpus_name(task)}' if _CORPUS.value else 'analysis')
   os.makedirs(output, exist_ok=True)
   kind = task.settings.model_kind
   figures = [_attention_maps(config, task, kind, batch, params, plt)]

@@ -72,6 +72,9 @@ _ROPE_SCALING = flags.DEFINE_string('rope_scaling', None, 'A Hugging Face config
 _TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.',
                                lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
+_CORPUS = flags.DEFINE_string('corpus', None, 'Score a language model of tokens on this corpus (any prepared with '
+                              'the run\'s tokenizer) instead of its own; the evaluation\'s directory and table rows '
+                              'name it. Required for a run imported without a corpus.')
 _NAME = flags.DEFINE_string('name', None, 'The directory under RUN/evaluations/ (default: from the method, factor, '
                             'protocol and tokens).')
 _COLLECT = flags.DEFINE_string('collect', None, 'Compute nothing: tabulate these comma-separated evaluation '
@@ -111,7 +114,8 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
   longrope = rope_scaling.longrope_overrides(_ROPE_SCALING.value) if _ROPE_SCALING.value else ()
   return [long_context.Request(method=m, factor=_FACTOR.value if m in STATIC else 1.0, protocol=_PROTOCOL.value,
                                stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value,
-                               position_overrides=position + (longrope if m == 'longrope' else ()))
+                               position_overrides=position + (longrope if m == 'longrope' else ()),
+                               corpus=os.path.abspath(_CORPUS.value) if _CORPUS.value else '')
           for m in methods]
 
 
@@ -161,7 +165,7 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
   """Every (run, request) checked before any is evaluated: one bad run or request, and nothing is written."""
   prepared, data = [], {}
   for workdir in workdirs:
-    config, task = checkpoints.run_model(workdir)
+    config, task = checkpoints.run_model(workdir, requests[0].corpus if requests else '')
     kind = config.position.kind
     data[workdir] = (task.settings.name, task.data_identity())
     if data[workdir] != data[workdirs[0]]:
@@ -210,7 +214,7 @@ def _probe(workdirs: list[str], lengths: list[int], requests) -> None:
                                 needles=_NEEDLES.value)
   planned = []
   for workdir in workdirs:
-    config, _ = checkpoints.run_model(workdir)
+    config, _ = checkpoints.run_model(workdir, requests[0].corpus if requests else '')
     rotary = issubclass(transformer.VARIANTS[config.position.kind].settings, ExtensionSettings)
     for extension in requests:
       if extension.method != 'none' and not rotary:

@@ -45,7 +45,7 @@ import time
 from absl import flags
 
 from experiments.runs import checkpoints
-from experiments.evaluation import factor_search, rope_scaling
+from experiments.evaluation import factor_search, long_context, rope_scaling
 from experiments.shared import cli, xla_cpu
 from experiments.shared.files import append_line_durably, write_json_atomically
 
@@ -64,6 +64,8 @@ _MUTATION_RATE = flags.DEFINE_float('mutation_rate', 0.3, 'The chance that a fac
 _MUTATION_SCALE = flags.DEFINE_float('mutation_scale', 0.1, 'The standard deviation of a mutation\'s log-factor.')
 _SEED = flags.DEFINE_integer('seed', 0, 'The search\'s random seed.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 8, 'Windows per batch.', lower_bound=1)
+_CORPUS = flags.DEFINE_string('corpus', '', 'A language model: score this corpus (prepared with the runs\' tokenizer) '
+                              'instead of their own; the search\'s record names it.')
 _OUTPUT = flags.DEFINE_string('output', None, 'A new directory for search.jsonl and config.json.')
 _SET = flags.DEFINE_string('set', 'long', 'The factor set searched: long (scored past the original length), or short '
                            '(runs fine-tuned with longrope: scored within the original length with the set chosen by '
@@ -74,7 +76,8 @@ def _scored_on(problem: factor_search.Problem) -> dict:
   if problem.text is None:
     return dict(seeds=list(problem.seeds), batches=problem.batches, first_batch=problem.first_batch,
                 batch_size=problem.batch_size)
-  return dict(tokens=len(problem.text), first_token=problem.first_token)
+  return dict(tokens=len(problem.text), first_token=problem.first_token, corpus=problem.task.settings.path,
+              corpus_name=long_context.corpus_name(problem.task))
 
 
 def main(argv):
@@ -91,7 +94,8 @@ def main(argv):
     settings.check()
     factor = _FACTOR.value
     workdirs = [w for w in _WORKDIR.value.split(',') if w]
-    problem = factor_search.pose_problem(workdirs, factor, _LENGTH.value, _TOKENS.value, _BATCHES.value, _SET.value)
+    problem = factor_search.pose_problem(workdirs, factor, _LENGTH.value, _TOKENS.value, _BATCHES.value, _SET.value,
+                                         os.path.abspath(_CORPUS.value) if _CORPUS.value else '')
     if problem.text is None and flags.FLAGS['tokens'].present:
       raise ValueError(f'--tokens: set for a {problem.task.settings.name} run; valid: only for language models (a task '
                        'run is scored on --batches of its own problems)')

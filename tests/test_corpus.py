@@ -413,6 +413,19 @@ def test_a_run_is_refused_on_a_corpus_prepared_again_with_other_text(tmp_path):
   assert again.returncode == 2
   assert 'data.identity' in again.stderr and recorded in again.stderr
   assert sorted(os.listdir(tmp_path / 'run')) == before
+  # Another corpus of the run's tokenizer is evaluated on when named (--corpus), in a directory of its own; a corpus
+  # of another tokenizer is refused naming both.
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "bpe"}', '--tokenizer=bpe', '--vocab_size=300',
+          '--heldout_fraction=0.2')
+  evaluate = [sys.executable, '-m', 'experiments.evaluate', f'--workdir={tmp_path / "run"}', '--lengths=16',
+              '--tokens=64']
+  for corpus, code, fragment in ((tmp_path / 'old', 0, ''), (tmp_path / 'bpe', 2, 'was prepared with another '
+                                                             'tokenizer (bpe, 300 tokens) than the model\'s')):
+    done = command_server.run(evaluate + [f'--corpus={corpus}'], capture_output=True, text=True, cwd=ROOT,
+                              env=subprocess_environment(), timeout=600)
+    assert done.returncode == code and fragment in done.stderr, done.stderr[-3000:]
+  assert [name.split('-on-')[1][:4] for name in os.listdir(tmp_path / 'run' / 'evaluations')] == ['old-']
+  before = sorted(os.listdir(tmp_path / 'run'))
   # The run's own corpus back, its manifest edited: train (a resume) and evaluate refuse it in one line.
   shutil.rmtree(tmp_path / 'corpus')
   os.rename(tmp_path / 'old', tmp_path / 'corpus')
@@ -490,3 +503,80 @@ def test_a_run_packed_by_document_trains_and_evaluates_at_longer_windows(prepare
   request = long_context.Request('none', 1.0, 'sliding', 0.5, 512, 8)
   _, results = long_context.evaluate_run(str(tmp_path / 'run'), [32, 64], request, log=lambda line: None)
   assert all(np.isfinite(results[n]['bits_per_byte']) and results[n]['scored_bytes'] > 0 for n in (32, 64))
+
+
+def _parquet(path, texts, row_group_size, **columns):
+  import pyarrow  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet  # pylint: disable=g-import-not-at-top
+  pyarrow.parquet.write_table(pyarrow.table({'id': list(range(len(texts))), 'text': texts, **columns}), str(path),
+                              row_group_size=row_group_size)
+
+
+@pytest.mark.parametrize('tokenizer', ['bytes', 'bpe'])
+def test_parquet_gives_the_corpus_of_the_same_documents_as_jsonl_token_for_token(tmp_path, tokenizer):
+  """The same documents (one empty, one null in Parquet) as a .jsonl file and as a Parquet file of several row
+  groups: byte-identical token files, the same counts."""
+  rng = np.random.default_rng(7)
+  texts = [_text(rng, int(rng.integers(5, 60))) for _ in range(60)] + ['']
+  (tmp_path / 'in').mkdir()
+  with open(tmp_path / 'in' / 'docs.jsonl', 'w', encoding='utf-8') as file:
+    for text in texts:
+      file.write(json.dumps({'text': text}) + '\n')
+  _parquet(tmp_path / 'docs.parquet', texts + [None], row_group_size=7)
+  flags = [f'--tokenizer={tokenizer}', '--heldout_fraction=0.25'] + (['--vocab_size=300'] if tokenizer == 'bpe' else [])
+  prepare(f'--input={tmp_path / "in" / "docs.jsonl"}', f'--output={tmp_path / "from-jsonl"}', *flags)
+  prepare(f'--input={tmp_path / "docs.parquet"}', f'--output={tmp_path / "from-parquet"}', *flags)
+  for name in ('train.bin', 'heldout.bin', 'tokenizer.json'):
+    if (tmp_path / 'from-jsonl' / name).exists():
+      assert (tmp_path / 'from-jsonl' / name).read_bytes() == (tmp_path / 'from-parquet' / name).read_bytes(), name
+  manifests = [json.loads((tmp_path / folder / 'manifest.json').read_text())['splits']
+               for folder in ('from-jsonl', 'from-parquet')]
+  assert manifests[0] == manifests[1]
+  assert sorted(_documents_of(tmp_path / 'from-parquet', 'train') + _documents_of(tmp_path / 'from-parquet', 'heldout')
+                ) == sorted(text for text in texts if text)
+
+
+def test_a_parquet_column_that_is_missing_or_not_text_is_refused_by_name(tmp_path):
+  _parquet(tmp_path / 'docs.parquet', ['one document', 'another'], row_group_size=1, count=[1, 2])
+  for field, fragment in (('body', "no column 'body' (it has id, text, count)"), ('count', "column 'count' holds "
+                                                                                 'int64, not text')):
+    _assert_refused(prepare(f'--input={tmp_path / "docs.parquet"}', f'--output={tmp_path / "out"}',
+                            f'--text_field={field}', '--tokenizer=bytes', check=False), fragment,
+                    output=tmp_path / 'out')
+  (tmp_path / 'broken.parquet').write_bytes((tmp_path / 'docs.parquet').read_bytes()[:-20])
+  _assert_refused(prepare(f'--input={tmp_path / "broken.parquet"}', f'--output={tmp_path / "out"}', '--tokenizer=bytes',
+                          check=False), 'broken.parquet: cannot be read as Parquet', output=tmp_path / 'out')
+
+
+def _peak_resident_bytes(arguments) -> int:
+  """The largest resident set of `python -m experiments.prepare_corpus ARGUMENTS`, a process of its own."""
+  process = subprocess.Popen([sys.executable, '-m', 'experiments.prepare_corpus', *map(str, arguments)], cwd=ROOT,
+                             env=subprocess_environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  _, status, usage = os.wait4(process.pid, 0)
+  process.returncode = os.waitstatus_to_exitcode(status)
+  assert process.returncode == 0, process.stderr.read()[-2000:]
+  return usage.ru_maxrss * 1024  # kilobytes on Linux
+
+
+@pytest.mark.slow
+def test_a_parquet_file_is_streamed_a_row_group_at_a_time(tmp_path):
+  """A Parquet file of 192 MB of text in row groups of 4 MB: the prepare's peak memory grows by less than a
+  quarter of the text over a file of 4 MB (reading the whole column at once would add it all)."""
+  rng = np.random.default_rng(0)
+  alphabet = np.frombuffer(b'abcdefghijklmnopqrstuvwxyz     \n', np.uint8)
+  block = [alphabet[rng.integers(0, len(alphabet), 64 * 1024)].tobytes().decode() for _ in range(64)]  # 4 MB
+  _parquet(tmp_path / 'small.parquet', block, row_group_size=64)
+  import pyarrow  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet  # pylint: disable=g-import-not-at-top
+  with pyarrow.parquet.ParquetWriter(str(tmp_path / 'large.parquet'), pyarrow.schema([('text', pyarrow.string())]),
+                                     compression='none') as writer:
+    for group in range(48):
+      writer.write_table(pyarrow.table({'text': [f'{group} {text}' for text in block]}), row_group_size=64)
+  text_bytes = 48 * 64 * 64 * 1024
+  assert os.path.getsize(tmp_path / 'large.parquet') > 0.9 * text_bytes
+  small = _peak_resident_bytes([f'--input={tmp_path / "small.parquet"}', f'--output={tmp_path / "small"}',
+                                '--tokenizer=bytes'])
+  large = _peak_resident_bytes([f'--input={tmp_path / "large.parquet"}', f'--output={tmp_path / "large"}',
+                                '--tokenizer=bytes'])
+  assert json.loads((tmp_path / 'large' / 'manifest.json').read_text())['splits']['train']['documents'] > 2500
+  assert large - small < text_bytes / 4, (small, large)

@@ -157,13 +157,13 @@ def _refused(arguments, workdir, *fragments):
 def test_import_refusals_name_the_problem_and_write_nothing(imported, tmp_path):
   source, corpus_directory, workdir = imported
   new = tmp_path / 'new'
-  _refused([f'--source={source}'], new, '--corpus: missing')
+  _refused([f'--corpus={corpus_directory}'], new, '--source: missing')
   _refused([f'--source={source}', f'--corpus={corpus_directory}'], workdir, 'already holds a run of', str(source))
   code, _, last = command('experiments.prepare_corpus', f'--input={corpus_directory.parent / "texts"}',
                           f'--output={tmp_path / "b"}', '--tokenizer=bytes', '--heldout_fraction=0.3')
   assert code == 0, last
-  _refused([f'--source={source}', f'--corpus={tmp_path / "b"}'], new, 'tokenized with another tokenizer',
-           f'--tokenizer={source / "tokenizer.json"}')
+  _refused([f'--source={source}', f'--corpus={tmp_path / "b"}'], new, 'was prepared with another tokenizer (bytes, '
+           '257 tokens)', f'--tokenizer={source / "tokenizer.json"}')
   wrong = write_llama_folder(tmp_path / 'wrong', tokenizer=False)
   config = json.loads((wrong / 'config.json').read_text())
   (wrong / 'config.json').write_text(json.dumps(dict(config, intermediate_size=40)))
@@ -213,3 +213,105 @@ def test_a_fine_tune_starts_from_the_imported_parameters(imported, tmp_path):
   difference = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(
       jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(source)))
   assert difference < 1e-5  # two steps at a learning rate of 1e-9 leave the imported parameters where they were
+
+
+def _corpus_of(root, name, texts, tokenizer=SHIPPED_TOKENIZER):
+  folder = root / f'{name}-texts'
+  folder.mkdir()
+  for index, text in enumerate(texts):
+    (folder / f'doc{index}.txt').write_text(text, encoding='utf-8')
+  code, _, last = command('experiments.prepare_corpus', f'--input={folder}', f'--output={root / name}',
+                          f'--tokenizer={tokenizer}', '--heldout_fraction=0.3')
+  assert code == 0, last
+  return root / name
+
+
+def test_a_model_imported_without_a_corpus_loads_and_is_evaluated_on_any_corpus_of_its_tokenizer(imported, tmp_path):
+  """The corpus belongs to the evaluation: imported without one, the run loads with the source's logits; evaluate
+  needs --corpus and takes any corpus of the model's tokenizer, each in its own directory and table row, naming
+  its corpus; a corpus of another tokenizer is refused naming both."""
+  source, corpus_directory, with_corpus = imported
+  workdir = tmp_path / 'runs' / 'bare'  # its parent made too
+  code, out, last = command('experiments.import_checkpoint', f'--source={source}', f'--workdir={workdir}')
+  assert code == 0, last
+  assert 'corpus: none' in out
+  model, variables, tokenizer = load_run(str(workdir))
+  expected_model, expected_variables, _ = load_run(str(with_corpus))
+  ids = np.random.default_rng(5).integers(0, VOCABULARY, size=(1, 48))
+  np.testing.assert_array_equal(np.asarray(model.apply(variables, ids)),
+                                np.asarray(expected_model.apply(expected_variables, ids)))
+  assert tokenizer is not None and tokenizer.get_vocab_size() == VOCABULARY
+  code, _, last = command('experiments.evaluate', f'--workdir={workdir}', '--lengths=16', '--tokens=128')
+  assert code == 2 and '--corpus: missing' in last and 'imported without a corpus' in last, last
+  other = _corpus_of(tmp_path, 'other', [f'Chapter {i}. ' + TEXT[::-1] * (3 + i % 2) for i in range(10)])
+  output = tmp_path / 'table'
+  for corpus in (corpus_directory, other):
+    code, out, last = command('experiments.evaluate', f'--workdir={workdir}', f'--corpus={corpus}', '--lengths=16,32',
+                              '--tokens=128', '--protocol=windows', f'--output={output}-{corpus.name}')
+    assert code == 0, last
+  directories = sorted(path.name for path in (workdir / 'evaluations').iterdir())
+  assert len(directories) == 2 and all('-on-' in name for name in directories), directories
+  assert {name.split('-on-')[1].rsplit('-', 1)[0] for name in directories} == {corpus_directory.name, 'other'}
+  scores = [json.loads((workdir / 'evaluations' / name / 'results.jsonl').read_text().splitlines()[0])['bits_per_byte']
+            for name in directories]
+  assert scores[0] != scores[1]
+  code, out, last = command('experiments.evaluate', '--collect=' + ','.join(
+      str(workdir / 'evaluations' / name) for name in directories), '--lengths=16,32', f'--output={output}')
+  assert code == 0, last
+  table = (output / 'results.md').read_text()
+  rows = [line for line in table.split('\n\n')[0].splitlines() if line.startswith('| rope')]  # the means
+  assert len(rows) == 2 and any(f'corpus={corpus_directory.name}-' in row for row in rows) and any(
+      'corpus=other-' in row for row in rows), table
+  code, _, last = command('experiments.prepare_corpus', f'--input={tmp_path / "other-texts"}',
+                          f'--output={tmp_path / "bytes"}', '--tokenizer=bytes', '--heldout_fraction=0.3')
+  assert code == 0, last
+  code, _, last = command('experiments.evaluate', f'--workdir={workdir}', f'--corpus={tmp_path / "bytes"}',
+                          '--lengths=16', '--tokens=128')
+  assert code == 2 and 'was prepared with another tokenizer (bytes, 257 tokens)' in last, last
+  assert 'tokenizer.json, 4096 tokens' in last, last
+  assert len(list((workdir / 'evaluations').iterdir())) == 2
+
+
+def test_a_second_import_to_the_same_workdir_is_refused_while_the_first_writes(imported, tmp_path):
+  """The import holds WORKDIR.importing.lock while it writes: a second import to that workdir is refused in one
+  line and removes nothing of the first's (two imports at once used to delete each other's folder)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  source, _, _ = imported
+  workdir = tmp_path / 'run'
+  with open(f'{workdir}.importing.lock', 'a+') as held:
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    (tmp_path / 'run.importing').mkdir()
+    (tmp_path / 'run.importing' / 'theirs').write_text('the first import\'s')
+    code, _, last = command('experiments.import_checkpoint', f'--source={source}', f'--workdir={workdir}')
+    assert code == 2 and 'is in use by a running job' in last and 'one import to a workdir at a time' in last, last
+    assert not workdir.exists()
+    assert (tmp_path / 'run.importing' / 'theirs').read_text() == 'the first import\'s'
+  code, _, last = command('experiments.import_checkpoint', f'--source={source}', f'--workdir={workdir}')
+  assert code == 0, last
+  assert (workdir / 'config.json').is_file() and not (tmp_path / 'run.importing').exists()
+  assert not (tmp_path / 'run.importing.lock').exists()
+
+
+def test_a_model_whose_vocabulary_is_padded_beyond_its_tokenizer_fine_tunes_with_model_vocab_size(imported, tmp_path):
+  """A pretrained vocabulary padded past its tokenizer's (Qwen2's 151,936 rows for 151,646 tokens): its corpus has
+  fewer tokens than the model has rows, so the fine-tune's model needs model.vocab_size, which the refusal names;
+  with it, training starts from the imported parameters."""
+  _, corpus_directory, _ = imported
+  source = write_llama_folder(tmp_path / 'padded', vocabulary=VOCABULARY + 64)
+  code, _, last = command('experiments.import_checkpoint', f'--source={source}', f'--corpus={corpus_directory}',
+                          f'--workdir={tmp_path / "run"}')
+  assert code == 0, last
+  overrides = {'model.model_dim': 32, 'model.num_heads': 4, 'model.num_kv_heads': 2, 'model.feed_forward_dim': 48,
+               'model.num_decoder_layers': 2, 'model.layer_norm_eps': 1e-5, 'model.tie_embeddings': False,
+               'task.path': corpus_directory, 'task.max_length': 32, 'task.eval_lengths': '(32,)',
+               'train.init_from': tmp_path / 'run', 'train.steps': 1, 'train.batch_size': 2, 'train.eval_every': 1,
+               'train.checkpoint_every': 1}
+  arguments = ['experiments.train', '--config=configs/llama.py:corpus', f'--workdir={tmp_path / "tune"}',
+               *(f'--config.{name}={value}' for name, value in overrides.items())]
+  code, _, last = command(*arguments)
+  assert code == 2 and f'--config.model.vocab_size={VOCABULARY + 64}' in last, last
+  assert not (tmp_path / 'tune').exists()
+  code, _, last = command(*arguments, '--config.model.vocab_size=4000')
+  assert code == 2 and 'model.vocab_size: got 4000; valid: 0 (the task\'s 4096 tokens) or at least that many' in last
+  code, _, last = command(*arguments, f'--config.model.vocab_size={VOCABULARY + 64}')
+  assert code == 0, last

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import transformer
-from experiments.runs import checkpoints, run_record, settings as run_settings
+from experiments.runs import checkpoints, corpus_choice, run_record, settings as run_settings
 from experiments.evaluation import task_lengths, windows
 from experiments.runs.metrics import whole_lines
 from experiments.shared.files import append_line_durably, exclusive_lock, write_json_atomically, write_text_atomically
@@ -46,6 +46,7 @@ class Request:
   batch_size: int       # windows per batch
   position_overrides: tuple = ()  # (field, value) pairs set on the run's model.position: another variant's analogue
   #                       (interpolation_factor of sinusoidal and learned, the NoPE temperature)
+  corpus: str = ''      # a corpus directory of the run's tokenizer to score instead of the run's own ('')
 
 
 def override_text(value) -> str:
@@ -205,6 +206,22 @@ def metric_label(metric: str) -> str:
   return METRIC_LABELS.get(metric, metric.replace('_', ' '))
 
 
+def corpus_name(task) -> str:
+  """The corpus a language model of tokens is scored on, as names and table rows show it (its folder's name and
+  the first 8 hex digits of its identity); '' for a task without a prepared corpus."""
+  identity = task.data_identity() if task.settings.name == 'corpus' else None
+  return corpus_choice.corpus_label(task.settings.path, identity) if identity else ''
+
+
+def with_corpus_defaults(recorded: dict, now: Optional[dict] = None) -> dict:
+  """An evaluation.json written before corpora were recorded: the run's own corpus (whose identity the run itself
+  pins), named as now."""
+  recorded.setdefault('corpus', '')
+  if 'corpus_name' not in recorded and not recorded['corpus']:
+    recorded['corpus_name'] = (now or {}).get('corpus_name', '')
+  return recorded
+
+
 def evaluate_length(bits_function, params, stream: np.ndarray, bos: int, length: int, request: Request,
                     token_bytes: Optional[np.ndarray] = None, packed_rows=None) -> dict:
   """Bits per character over the scored tokens, and by window position, at one length. With token_bytes
@@ -297,7 +314,7 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   resolved = run_record.stored_config(workdir)
   if resolved is None:
     raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
-  config, task = checkpoints.run_model(workdir)
+  config, task = checkpoints.run_model(workdir, request.corpus)
   streamed = task_lengths.reads_stream(task)
   step = checkpoints.newest_intact_step(workdir)
   if request.method not in METHODS:
@@ -318,6 +335,7 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
                      trained_length=int(resolved['task']['max_length']),
                      init_from=resolved['train'].get('init_from', ''), **dataclasses.asdict(request))
   description['position_overrides'] = [list(pair) for pair in request.position_overrides]
+  description['corpus_name'] = corpus_name(task)
   description.pop('batch_size')  # how many windows run at once does not change a number
   task_batches = None
   if streamed:
@@ -333,12 +351,13 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
       description.pop(field)
     description.update(protocol='task', seed=int(resolved['seed']), eval_batches=task_batches[0],
                        eval_batch_size=task_batches[1])
-  directory = os.path.join(workdir, EVALUATIONS, name or default_name(request, task_batches))
+  on_corpus = f'-on-{description["corpus_name"]}' if request.corpus else ''
+  directory = os.path.join(workdir, EVALUATIONS, name or default_name(request, task_batches) + on_corpus)
   spec_path = os.path.join(directory, 'evaluation.json')
   exists = os.path.exists(spec_path)
   if exists:
     with open(spec_path) as file:
-      recorded = json.load(file)
+      recorded = with_corpus_defaults(json.load(file), description)
     recorded.setdefault('position_overrides', [])  # written before overrides existed: none
     differing = sorted(key for key in set(recorded) | set(description) if recorded.get(key) != description.get(key))
     if differing:
@@ -411,7 +430,7 @@ def read_evaluation(directory: str, lengths: list[int]) -> tuple[dict, dict]:
     raise FileNotFoundError(f'--collect: {directory} has no evaluation.json; valid: a RUN/{EVALUATIONS}/NAME '
                             'directory that experiments.evaluate wrote')
   with open(spec_path) as file:
-    description = json.load(file)
+    description = with_corpus_defaults(json.load(file))
   description.setdefault('position_overrides', [])  # written before overrides existed: none
   results = _read_results(os.path.join(directory, 'results.jsonl'))
   missing = [length for length in lengths if length not in results]

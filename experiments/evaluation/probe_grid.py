@@ -27,7 +27,8 @@ QUESTIONS = ('probe', 'needles', 'lengths', 'depths', 'trials', 'filler', 'seed'
 
 def row_label(description: dict) -> str:
   """The variant as trained (with its fine-tuning, if any) and the extension it was probed with."""
-  return lineage.label(description['run_configuration'], description['method'], description['factor'])
+  corpus = [('corpus', description['corpus_name'])] if description.get('corpus_name') else []
+  return lineage.label(description['run_configuration'], description['method'], description['factor'], corpus)
 
 
 def seeds_of(description: dict) -> tuple:

@@ -204,18 +204,27 @@ def check_shapes(restored, template, step: int, directory: str) -> None:
           f'or the config that wrote it (the checkpoint was left untouched)', difference)
 
 
-def load_run(workdir: str):
+def load_run(workdir: str, corpus: str = ''):
   """(model config, task, params) of the newest checkpoint, under the run's configuration (config.json
-  with its recorded changes). A checkpoint whose bytes no longer match its digest is a ValueError."""
-  model_config, task, params, _ = load_run_with_step(workdir)
+  with its recorded changes); corpus: another corpus of the run's tokenizer as its task (run_model). A
+  checkpoint whose bytes no longer match its digest is a ValueError."""
+  model_config, task, params, _ = load_run_with_step(workdir, corpus)
   return model_config, task, params
 
 
-def load_run_with_step(workdir: str):
+def load_run_with_step(workdir: str, corpus: str = ''):
   """load_run's (model config, task, params) and the step of the checkpoint they come from."""
-  model_config, task = run_model(workdir)
+  model_config, task = run_model(workdir, corpus)
   step = newest_intact_step(workdir)
   return model_config, task, restore_params(workdir, step), step
+
+
+def load_params_with_step(workdir: str):
+  """(model config, params, step) of the run's newest checkpoint, reading no data: what a fine-tune starts from,
+  whether or not the run has a corpus of its own."""
+  _, model_config = _recorded_model(workdir)
+  step = newest_intact_step(workdir)
+  return model_config, restore_params(workdir, step), step
 
 
 def _recorded_model(workdir: str) -> tuple[dict, transformer.ModelConfig]:
@@ -255,18 +264,29 @@ def load_model(workdir: str):
   return transformer.build_model(config, resolved['task']['model_kind']), {'params': params}, tokenizer
 
 
-def run_model(workdir: str):
+NO_CORPUS = ''  # task.path of a run imported without a corpus (experiments/import_checkpoint.py)
+
+
+def run_model(workdir: str, corpus: str = ''):
   """(model config, task) under the run's configuration (config.json with its recorded changes),
-  attention implementation and pattern included: what the run trained."""
+  attention implementation and pattern included: what the run trained. corpus: a corpus directory to
+  evaluate on instead of the run's own (corpus_choice.py checks it was prepared with the run's tokenizer);
+  a run imported without a corpus needs one."""
+  from experiments.runs import corpus_choice  # pylint: disable=g-import-not-at-top
   resolved, model_config = _recorded_model(workdir)
   task_fields = dict(resolved['task'], eval_lengths=tuple(resolved['task']['eval_lengths']))
+  if corpus:
+    task_fields['path'] = corpus_choice.checked_corpus(workdir, resolved, model_config, corpus)
+  elif task_fields['name'] == 'corpus' and task_fields['path'] == NO_CORPUS:
+    raise ValueError(f'--corpus: missing; {workdir} was imported without a corpus; valid: --corpus=DIR, a corpus '
+                     f'prepared with its tokenizer ({corpus_choice.how_to_prepare(os.path.join(workdir, "tokenizer.json"))})')
   task = TASKS[task_fields['name']](TaskSettings(**task_fields))
   recorded = resolved.get('data', {}).get('identity')
   try:
     identity = task.data_identity()
   except DataError as error:
     raise ValueError(f'{workdir}: its task\'s data cannot be read: {error}') from None
-  if recorded is not None and identity != recorded:
+  if not corpus and recorded is not None and identity != recorded:
     raise ValueError(f'{workdir}: the run trained on data {recorded[:12]}... and {task_fields.get("path")} now holds '
                      f'{identity[:12]}... (prepared again or changed); valid: the data the run trained on')
   return model_config, task
@@ -325,7 +345,7 @@ def initial_params(workdir: str, template_params, init_from: str):
   the source and its step go to WORKDIR/init_from.json the first time, and a later start refuses a source
   that has moved on since (its newest checkpoint at another step)."""
   from experiments.runs import run_record  # pylint: disable=g-import-not-at-top
-  _, _, params, step = load_run_with_step(init_from)
+  _, params, step = load_params_with_step(init_from)
   check_shapes({'params': params}, {'params': template_params}, step, os.path.join(init_from, 'checkpoints'))
   record_path = os.path.join(workdir, INIT_FROM_FILE)
   source = dict(workdir=os.path.abspath(init_from), step=int(step), finished_step=run_record.finished_step(init_from))

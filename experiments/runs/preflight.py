@@ -102,7 +102,7 @@ def check_init_from(experiment: Experiment, workdir: str) -> None:
     raise ConfigError(f'{prefix}, which has no checkpoints directory; valid: the --workdir of a training run, or '
                       f'empty for a fresh initialisation')
   try:
-    _, _, params, step = checkpoints.load_run_with_step(source)
+    source_model, params, step = checkpoints.load_params_with_step(source)
   except Exception as error:  # pylint: disable=broad-except
     reason = ' '.join(str(error).split())[:300] or type(error).__name__
     raise ConfigError(f'{prefix}, which cannot be read: {reason}') from None
@@ -119,5 +119,9 @@ def check_init_from(experiment: Experiment, workdir: str) -> None:
   try:
     checkpoints.check_shapes({'params': params}, {'params': wanted}, step, os.path.join(source, 'checkpoints'))
   except checkpoints.CheckpointMismatch as error:
+    vocabulary = source_model.vocab_size
+    hint = (f' (its vocabulary is {vocabulary} and this model\'s {experiment.model.vocab_size}: '
+            f'--config.model.vocab_size={vocabulary} gives this one as many output rows, the task\'s tokens among '
+            'them)' if vocabulary > experiment.model.vocab_size else '')
     raise ConfigError(f'{prefix}, whose parameters do not fit this model ({error.difference}, step {step}); '
-                      f'valid: a run of this model\'s shapes') from None
+                      f'valid: a run of this model\'s shapes{hint}') from None

@@ -140,8 +140,11 @@ def _one_of(field: str, value, valid):
     raise ConfigError(f'{field}: got {value!r}; valid: {", ".join(valid)}')
 
 
-def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Experiment:
-  """Validate and convert. num_devices is the global device count the batch is split over."""
+def from_config_dict(config: ml_collections.ConfigDict, num_devices: int,
+                     vocab_size: Optional[int] = None) -> Experiment:
+  """Validate and convert. num_devices is the global device count the batch is split over. vocab_size: the
+  model's vocabulary for a run whose task has no data yet (a model imported without a corpus), whose task is then
+  not checked against data."""
   top = {'seed', 'parallel', 'task', 'model', 'train'}
   unknown = sorted(set(config.keys()) - top)
   if unknown:
@@ -153,10 +156,10 @@ def from_config_dict(config: ml_collections.ConfigDict, num_devices: int) -> Exp
   task = _task_settings(config.task)
   train = _train_settings(config.train, num_devices)
   task_object = TASKS[task.name](task)
-  problem = task_object.validate()
+  problem = task_object.validate() if vocab_size is None else None
   if problem:
     raise ConfigError(problem)
-  model = _model_config(config.model, task_object)
+  model = _model_config(config.model, task_object, vocab_size)
   _check_lengths(task, task_object, model)
   _check_packing(task, model)
   return Experiment(seed=seed, parallel=parallel, task=task, model=model, train=train)
@@ -278,14 +281,19 @@ def _train_settings(section, num_devices: int) -> TrainSettings:
   return train
 
 
-def _model_config(section, task_object) -> transformer.ModelConfig:
-  """The model's config, with the task's vocabulary and fields; the library's refusals named model.FIELD."""
+def _model_config(section, task_object, vocab_size: Optional[int] = None) -> transformer.ModelConfig:
+  """The model's config, with the task's vocabulary (or vocab_size) and fields; the library's refusals named
+  model.FIELD."""
   try:
     position = _position(section.position)
     model_fields = _section(section, 'model.', transformer.ModelConfig,
                             skip=('position', 'vocab_size', 'num_outputs', 'input_features',
                                   'aligned_cross_attention'))
-    model = transformer.ModelConfig(position=position, vocab_size=task_object.vocab_size,
+    requested = _check_type('model.vocab_size', section.vocab_size, int) if 'vocab_size' in section else 0
+    if requested and requested < (vocab_size or task_object.vocab_size):
+      raise ConfigError(f'model.vocab_size: got {requested}; valid: 0 (the task\'s {task_object.vocab_size} tokens) '
+                        'or at least that many')
+    model = transformer.ModelConfig(position=position, vocab_size=requested or vocab_size or task_object.vocab_size,
                                     **dict(model_fields, **task_object.model_fields))
   except ConfigError:
     raise

@@ -64,8 +64,9 @@ class Corpus(Task):
     """Each token's UTF-8 bytes (EOD: one): the denominator of bits per byte."""
     return self.corpus.token_bytes
 
-  def data_identity(self) -> str:
-    return self.corpus.identity
+  def data_identity(self) -> str | None:
+    """The corpus's identity; None for a run with no corpus (a model imported without one)."""
+    return self.corpus.identity if self.settings.path else None
 
   def validate(self):
     settings = self.settings
