@@ -7,7 +7,8 @@ tests/test_corpus.py hold the assertions); it takes a few minutes and writes und
 
 Sources are written here: a tiny Llama folder (safetensors' NumPy API, the shipped corpus's BPE as its tokenizer),
 variants of it that lie, GGUF files (the gguf package's writer) and, with transformers installed, GPT-2 and GPT-NeoX
-folders. A row's expectation is its first field: 'refused' (exit 2, one line, the disk unchanged) or 'served'.
+folders. A row's expectation is its first field: 'refused' (exit 2, one line, the disk unchanged), 'served', or
+'raises' (load_run, a Python function: an exception whose message names the problem, the disk unchanged).
 """
 import copy
 import json
@@ -264,14 +265,14 @@ def main() -> None:
   load = ('from experiments import load_run; import numpy as np, sys; m, v, t = load_run(sys.argv[1]); '
           'print(m.apply(v, np.ones((1, 8), np.int32)).shape, t is not None)')
   report('served', ['-c', load, f'{H}/bare'], rows, '[load_run: no corpus]')
-  report('refused', ['-c', load, f'{H}/absent'], rows, '[load_run: no run]')
+  report('raises', ['-c', load, f'{H}/absent'], rows, '[load_run: no run]')
   moved = f'{H}/src/llama-edited'
   shutil.copytree(sources['good'], moved)
   subprocess.run([PY, '-m', 'experiments.import_checkpoint', f'--source={moved}', f'--workdir={H}/moved'], cwd=ROOT,
                  env=ENV, check=True, capture_output=True)
   with open(f'{moved}/config.json', 'a') as file:
     file.write(' ')
-  report('refused', ['-c', load, f'{H}/moved'], rows, '[load_run: its source changed]')
+  report('raises', ['-c', load, f'{H}/moved'], rows, '[load_run: its source changed]')
   # evaluate --corpus
   evaluate = ['-m', 'experiments.evaluate', '--lengths=16', '--tokens=64', '--protocol=windows']
   for expected, label, extra in (
