@@ -74,6 +74,9 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.tie_embeddings = True   # output projection = input embedding transposed
   config.model.scale_embeddings = True  # multiply embeddings by sqrt(model_dim)
   config.model.bidirectional = True    # recurrent encoders read both directions
+  config.model.layer_types = 'full'    # a cycle over the stack of full, sliding, chunked: 'sliding,full' alternates
+  config.model.sliding_window = 0      # W: a sliding layer's query sees itself and the W - 1 keys before it
+  config.model.attention_chunk_size = 0  # C: a chunked layer's query sees its own chunk of C positions (decoders)
   config.model.remat = 'none'          # recompute layer activations in the backward pass: 'block' (all) or 'matmuls'
   #                                      (all but the matmuls' outputs); less memory, more time
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)

@@ -117,6 +117,24 @@ def test_attention_benchmark_prints_a_row_per_relative_term_and_attention_core_a
   assert rows[0][-1] == '1.00x' and all(float(row[-2]) > 0 for row in rows)
 
 
+def test_the_window_benchmark_prints_full_and_sliding_by_length_and_refuses_a_length_within_the_window():
+  environment = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu')
+  base = [sys.executable, '-m', 'experiments.benchmark', 'attention', '--batch_size=1', '--num_heads=2', '--head_dim=4',
+          '--repeats=1', '--block_size=8', '--window=8']
+  result = command_server.run(base + ['--lengths=32,64'], cwd=ROOT, env=environment, capture_output=True, text=True,
+                              timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.splitlines()
+  assert 'full against a sliding window of 8' in lines[0]
+  rows = [line.split() for line in lines[2:]]
+  assert [row[0] for row in rows] == ['32', '64'] and rows[0][-1] == '1.00x'
+  assert all(float(value) > 0 for row in rows for value in row[1:3])  # times; memory may round to 0.0 MB here
+  assert all(float(value) >= 0 for row in rows for value in row[3:5])
+  refused = command_server.run(base + ['--lengths=8,64'], cwd=ROOT, env=environment, capture_output=True, text=True,
+                               timeout=300)
+  assert refused.returncode == 2 and 'longer than --window=8' in refused.stderr
+
+
 def test_matmul_benchmark_counts_the_dense_flops_of_6n_per_token():
   batch, length, width, layers, ff, vocab = 3, 32, 16, 2, 48, 10
   kernels = flops.step_kernels(batch, length, width, layers, 4, ff, vocab, block_size=0)

@@ -233,7 +233,7 @@ def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionRes
       query, key, value, block_size=settings.block_size, mask=request.mask.mask, scale=request.scale,
       skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
       key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band,
-      value_offset_HxV=value_offset))
+      value_offset_HxV=value_offset, first_key=None if all_keys_at_once else request.mask.first_key))
 
 
 def _blockwise_rule(request: AttentionRequest, settings: CoreSettings, logits_term, all_keys_at_once: bool):

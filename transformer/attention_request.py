@@ -27,12 +27,23 @@ class AttentionMask:
   key_valid_BxLk: True for real keys, False for padding; None: every key is real.
   segments_BxL: rows that pack several documents (queries and keys the same tokens): each token's document,
     a query seeing only its own document's keys; None: one document per row.
+  window, chunk: the mask holds a sliding window of W keys, or chunks of C positions (masks.window_mask), over
+    causal attention of the same positions, so keys before a block of queries' first allowed key may be skipped
+    without being computed; 0: none.
   """
   mask: Optional[chex.Array] = None
   causal: bool = False
   in_parts: bool = False
   key_valid_BxLk: Optional[chex.Array] = None
   segments_BxL: Optional[chex.Array] = None
+  window: int = 0
+  chunk: int = 0
+
+  def first_key(self, q_start: int) -> int:
+    """The first key a block of queries starting at q_start may see under the window or chunk (0: any)."""
+    if self.window:
+      return max(0, q_start - self.window + 1)
+    return q_start // self.chunk * self.chunk if self.chunk else 0
 
   @property
   def given_as_parts(self) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 from transformer.attention_request import AttentionMask, AttentionPositions
 from transformer.config import ModelConfig
 from transformer.layers import Dropout, FeedForward, batch_split, norm_layer
-from transformer.masks import causal_mask, cross_attention_mask, segment_mask, self_attention_mask
+from transformer.masks import causal_mask, cross_attention_mask, segment_mask, self_attention_mask, window_mask
 from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
 from transformer.positions.randomized import randomized_positions
@@ -86,7 +86,6 @@ class TransformerLayer(nn.Module):
     config, deterministic = self.config, self.deterministic
     key_positions_BxLk = positions_BxL if key_positions_BxLk is None else key_positions_BxLk
     cache = dict(use_cache=use_cache, cache_index=cache_index)
-    causal = self.causal and cache_index is None  # a cached step's mask is explicit; its keys are the cache's
     hooks = config.position.variant.layer(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index,
                        num_kv_heads=config.key_value_heads),
@@ -99,10 +98,7 @@ class TransformerLayer(nn.Module):
     self_attention = MultiHeadAttention(**attention, name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
-    # A cached step's mask is explicit: its keys are the cache's slots.
-    self_attention_mask = AttentionMask(self_mask, causal=causal, in_parts=cache_index is None,
-                                        key_valid_BxLk=valid_BxL if cache_index is None else None,
-                                        segments_BxL=segments_BxL if cache_index is None else None)
+    self_attention_mask = self._self_attention_mask(self_mask, cache_index, valid_BxL, segments_BxL)
     attend = lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
                                       deterministic=deterministic, **cache)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
@@ -134,6 +130,19 @@ class TransformerLayer(nn.Module):
           deterministic)
     return _Residual(config, name='feed_forward_residual')(
         x_BxLxD, lambda y: feed_forward(y, deterministic), deterministic)
+
+
+  def _self_attention_mask(self, self_mask, cache_index, valid_BxL, segments_BxL) -> AttentionMask:
+    """The self-attention's mask and its parts: in a full pass the causal mask, the padding and the documents, and
+    a local layer's window or chunk (TransformerStack._layer_mask put them in self_mask); a cached step's mask is
+    explicit, its keys the cache's slots."""
+    config, full_pass = self.config, cache_index is None
+    kind = config.layer_type(self.layer_index)
+    local = dict(window=config.sliding_window if kind == 'sliding' else 0,
+                 chunk=config.attention_chunk_size if kind == 'chunked' else 0) if self.causal and full_pass else {}
+    return AttentionMask(self_mask, causal=self.causal and full_pass, in_parts=full_pass and kind == 'full', **local,
+                         key_valid_BxLk=valid_BxL if full_pass else None,
+                         segments_BxL=segments_BxL if full_pass else None)
 
 
 CACHE_INDEX = 'index'  # a cache's next write position, left at 0 by the call that creates the cache
@@ -175,16 +184,8 @@ class TransformerStack(nn.Module):
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
     packed = positions_BxL is not None or segments_BxL is not None
-    if packed:
-      self._check_packed(x_BxLxD, positions_BxL, segments_BxL)
-    else:
-      positions_BxL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
-    if config.randomized_max_length:
-      positions_BxL = self._randomized(length, valid_BxL)
-    key_positions_BxLk, cache_index, cached_mask = positions_BxL, None, None
-    if use_cache:
-      positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._cached_positions(
-          positions_BxL, segments_BxL, valid_BxL)
+    positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._stack_positions(
+        x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache)
     hooks = config.position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
     x_BxLxD = batch_split(hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype))  # a float32 table would promote
@@ -193,13 +194,7 @@ class TransformerStack(nn.Module):
     pallas = config.attention_implementation == 'pallas'
     shared = None if pallas else hooks.shared(positions_BxL, key_positions_BxLk)
     kernel_shared = hooks.kernel_shared()
-    if cache_index is None:
-      self_mask = self_attention_mask(valid_BxL, length, self.causal)
-      if packed:
-        documents = segment_mask(segments_BxL)
-        self_mask = documents if self_mask is None else jnp.logical_and(self_mask, documents)
-    else:
-      self_mask = cached_mask
+    self_mask = cached_mask if cache_index is not None else self._self_mask(valid_BxL, length, segments_BxL)
     if packed and not pallas:
       shared = hooks.masked(shared, self_mask)
     memory_mask = None if not self.cross_attention else self._memory_mask(
@@ -211,14 +206,52 @@ class TransformerStack(nn.Module):
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared,
                         segments_BxL=segments_BxL)
     for index in range(self.num_layers):
+      layer_mask = self._layer_mask(index, self_mask, positions_BxL, key_positions_BxLk)
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                          deterministic=deterministic, layer_index=index, name=f'layer_{index}')
-      x_BxLxD = batch_split(layer(x_BxLxD, self_mask=self_mask, positions_BxL=positions_BxL, shared=shared,
+      x_BxLxD = batch_split(layer(x_BxLxD, self_mask=layer_mask, positions_BxL=positions_BxL, shared=shared,
                                   memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources))
     if config.norm == 'pre':
       x_BxLxD = norm_layer(config.norm_type, config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _stack_positions(self, x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache: bool):
+    """(query positions, key positions, cache index, a cached step's mask): a packed row's own, 0 .. L-1 or
+    randomized ones; in a cached call, from the cache (_cached_positions)."""
+    length = x_BxLxD.shape[1]
+    if positions_BxL is not None or segments_BxL is not None:
+      self._check_packed(x_BxLxD, positions_BxL, segments_BxL)
+    else:
+      positions_BxL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
+    if self.config.randomized_max_length:
+      positions_BxL = self._randomized(length, valid_BxL)
+    if use_cache:
+      return self._cached_positions(positions_BxL, segments_BxL, valid_BxL)
+    return positions_BxL, positions_BxL, None, None
+
+  def _self_mask(self, valid_BxL, length: int, segments_BxL):
+    """A full pass's self-attention mask: the keys' padding, causal in a decoder, within each packed document."""
+    self_mask = self_attention_mask(valid_BxL, length, self.causal)
+    if segments_BxL is not None:
+      documents = segment_mask(segments_BxL)
+      self_mask = documents if self_mask is None else jnp.logical_and(self_mask, documents)
+    return self_mask
+
+  def _layer_mask(self, index: int, self_mask, q_positions_BxLq, k_positions_BxLk):
+    """Layer index's self-attention mask: the stack's, and for a sliding or chunked layer (model.layer_types) its
+    window too (masks.window_mask). Chunks are refused in an encoder."""
+    config = self.config
+    kind = config.layer_type(index)
+    if kind == 'full':
+      return self_mask
+    if kind == 'chunked' and not self.causal:
+      raise ValueError(f'layer_types: got {config.layer_types!r} in bidirectional attention (an encoder); valid: full '
+                       'or sliding there (a chunk is a decoder\'s: Llama 4 splits the causal context into chunks)')
+    window = window_mask(q_positions_BxLq, k_positions_BxLk, causal=self.causal,
+                         window=config.sliding_window if kind == 'sliding' else 0,
+                         chunk=config.attention_chunk_size if kind == 'chunked' else 0)
+    return window if self_mask is None else jnp.logical_and(self_mask, window)
 
   def _cached_positions(self, positions_BxL, segments_BxL, valid_BxL):
     """(positions_BxL, key_positions_BxLk, cache_index, mask) of a cached call. The first call creates the cache

@@ -50,7 +50,8 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
                         logits_term: Optional[Callable] = None,
                         values_term: Optional[Callable] = None,
                         key_block_size: Optional[int] = None, band: Optional[int] = None,
-                        value_offset_HxV: Optional[chex.Array] = None) -> chex.Array:
+                        value_offset_HxV: Optional[chex.Array] = None,
+                        first_key: Optional[Callable[[int], int]] = None) -> chex.Array:
   """softmax(Q K^T * scale + term) V (+ the values term), block_size queries at a time, over
   key_block_size keys at a time (None: all the keys the query block may see, in one block).
 
@@ -69,6 +70,8 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   value_offset_HxV: a vector per query head added to every value it reads (Shaw's re-centred band), added to
   the output instead (each row's weights sum to one), so that values shared by a group of query heads stay as
   they are.
+  first_key(q_start): with skip_future_blocks, the first key a query block starting at q_start may see (a
+  sliding window's or a chunk's, which the mask holds): the keys before it are skipped without being computed.
   A query row whose keys are all masked gets zeros (as scaled_dot_product_attention gives).
   """
   _check_arguments(query, key, value, block_size, key_block_size, skip_future_blocks, band)
@@ -76,7 +79,6 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   length_k = key.shape[1]
   if scale is None:
     scale = 1.0 / math.sqrt(head_dim)
-  update = _update_with_weights if values_term is not None else _update
   # Heads first (B x H x L x K) once, so that every block's two matmuls are plain batched matmuls
   # over contiguous rows, which XLA's CPU backend runs faster than contractions over the B x L x H x K
   # layout (`python -m experiments.benchmark attention`).
@@ -87,30 +89,39 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   outputs = []
   for q_start in range(0, length_q, block_size):
     q_slice = slice(q_start, min(q_start + block_size, length_q))
-    running_max = running_sum = accumulator = None  # set by the first key block
     last_key = q_slice.stop if skip_future_blocks else length_k
-    for k_slice, with_terms in _key_blocks(q_slice.start, last_key, key_block_size, band):
-      term = logits_term(query[:, q_slice], q_slice, k_slice) if logits_term is not None and with_terms else None
-      allowed = block_slice(mask, q_slice, k_slice)
-      block_update = update if with_terms else _update
-      running_max, running_sum, accumulator, weights = block_update(
-          query_BxHxLqxK[:, :, q_slice], key_BxGxLkxK[:, :, k_slice], value_BxGxLkxV[:, :, k_slice], term,
-          allowed, running_max, running_sum, accumulator)
-      if values_term is not None and with_terms:
-        extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
-        if extra_BxbqxHxV is not None:
-          accumulator = accumulator + jnp.transpose(extra_BxbqxHxV, (0, 2, 1, 3)).astype(jnp.float32)
-    # A row that has seen no allowed key still has the fill value as its maximum (and weights of
-    # exp(0) = 1 for its masked keys): it gets zeros. Any allowed key later sets the maximum, and the
-    # correction exp(fill - maximum) = 0 clears what the masked blocks added before.
-    seen_a_key = running_max > masked_fill_value(jnp.float32)
-    output = accumulator / jnp.where(seen_a_key, running_sum, 1.0)
-    if value_offset_HxV is not None:
-      output = output + value_offset_HxV.astype(jnp.float32)[None, :, None, :]
-    outputs.append(jnp.where(seen_a_key, output, 0.0))
+    start_key = first_key(q_slice.start) if skip_future_blocks and first_key is not None else 0
+    blocks = _key_blocks(q_slice.start, last_key, key_block_size, band, start_key)
+    outputs.append(_query_block(query[:, q_slice], query_BxHxLqxK[:, :, q_slice], key_BxGxLkxK, value_BxGxLkxV,
+                                q_slice, blocks, mask, logits_term, values_term, value_offset_HxV))
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
+
+
+def _query_block(query_block, query_BxHxbqxK, key_BxGxLkxK, value_BxGxLkxV, q_slice: slice, blocks: list, mask,
+                 logits_term, values_term, value_offset_HxV):
+  """One block of queries over its key blocks ((slice, with terms) pairs): B x H x bq x V, an online softmax."""
+  update = _update_with_weights if values_term is not None else _update
+  running_max = running_sum = accumulator = None  # set by the first key block
+  for k_slice, with_terms in blocks:
+    term = logits_term(query_block, q_slice, k_slice) if logits_term is not None and with_terms else None
+    block_update = update if with_terms else _update
+    running_max, running_sum, accumulator, weights = block_update(
+        query_BxHxbqxK, key_BxGxLkxK[:, :, k_slice], value_BxGxLkxV[:, :, k_slice], term,
+        block_slice(mask, q_slice, k_slice), running_max, running_sum, accumulator)
+    if values_term is not None and with_terms:
+      extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
+      if extra_BxbqxHxV is not None:
+        accumulator = accumulator + jnp.transpose(extra_BxbqxHxV, (0, 2, 1, 3)).astype(jnp.float32)
+  # A row that has seen no allowed key still has the fill value as its maximum (and weights of
+  # exp(0) = 1 for its masked keys): it gets zeros. Any allowed key later sets the maximum, and the
+  # correction exp(fill - maximum) = 0 clears what the masked blocks added before.
+  seen_a_key = running_max > masked_fill_value(jnp.float32)
+  output = accumulator / jnp.where(seen_a_key, running_sum, 1.0)
+  if value_offset_HxV is not None:
+    output = output + value_offset_HxV.astype(jnp.float32)[None, :, None, :]
+  return jnp.where(seen_a_key, output, 0.0)
 
 
 def _check_arguments(query, key, value, block_size, key_block_size, skip_future_blocks, band) -> None:
@@ -129,17 +140,18 @@ def _check_arguments(query, key, value, block_size, key_block_size, skip_future_
                      f'in causal attention (skip_future_blocks=True)')
 
 
-def _key_blocks(q_start: int, last_key: int, key_block_size: Optional[int], band: Optional[int]):
-  """(key slice, whether the terms apply) for one query block: keys [0, last_key) in key_block_size
+def _key_blocks(q_start: int, last_key: int, key_block_size: Optional[int], band: Optional[int],
+                first_key: int = 0):
+  """(key slice, whether the terms apply) for one query block: keys [first_key, last_key) in key_block_size
   blocks (None: one block), all with terms; with a band, the keys before q_start - band in such
   blocks without terms, then the rest in one block with them."""
-  def blocks(stop: int, with_terms: bool):
-    step = key_block_size or max(stop, 1)  # a range step of at least 1, when there are no keys
-    return [(slice(start, min(start + step, stop)), with_terms) for start in range(0, stop, step)]
+  def blocks(start: int, stop: int, with_terms: bool):
+    step = key_block_size or max(stop - start, 1)  # a range step of at least 1, when there are no keys
+    return [(slice(begin, min(begin + step, stop)), with_terms) for begin in range(start, stop, step)]
   if band is None:
-    return blocks(last_key, True)
-  band_start = max(q_start - band, 0)
-  return blocks(band_start, False) + [(slice(band_start, last_key), True)]
+    return blocks(first_key, last_key, True)
+  band_start = max(q_start - band, first_key)
+  return blocks(first_key, band_start, False) + [(slice(band_start, last_key), True)]
 
 
 @jax.custom_vjp

@@ -60,6 +60,9 @@ class PositionConfig:
     return {'kind': self.kind, **dataclasses.asdict(self.settings)}
 
 
+LAYER_TYPES = ('full', 'sliding', 'chunked')
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Every model kind reads this; defaults are the base model of Vaswani et al. 2017."""
@@ -104,6 +107,10 @@ class ModelConfig:
   #                                    2023; positions/randomized.py), from the 'positions' rng; 0: 0 .. L-1
   attention_implementation: str = 'auto'  # the attention core: auto, explicit, blockwise, xla, cudnn
   #                                    (attention_core.py); anything but auto is refused where it cannot run
+  layer_types: str = 'full'          # what each layer attends to, a comma-separated cycle over the stack: full,
+  #                                    sliding (the sliding_window keys up to the query) or chunked (its chunk)
+  sliding_window: int = 0            # W: a sliding layer's query sees itself and the W - 1 keys before it
+  attention_chunk_size: int = 0      # C: a chunked layer's query sees the keys of its chunk of C positions
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
@@ -129,10 +136,33 @@ class ModelConfig:
     require(self.architecture in ARCHITECTURES, 'architecture', self.architecture, ', '.join(ARCHITECTURES))
     require(self.attention_implementation in IMPLEMENTATIONS, 'attention_implementation',
             self.attention_implementation, ', '.join(IMPLEMENTATIONS))
+    self._check_layer_types()
     rows = self.position.settings.longest_sequence()
     require(rows is None or self.randomized_max_length <= rows, 'randomized_max_length', self.randomized_max_length,
             f'0 (off) or at most position.max_length={rows}, the rows of the {self.position.kind} table that '
             f'randomized positions index')
+
+  def _check_layer_types(self):
+    types = self.layer_type_cycle
+    require(all(kind in LAYER_TYPES for kind in types), 'layer_types', self.layer_types,
+            f'a comma-separated cycle of {", ".join(LAYER_TYPES)}')
+    for name in ('sliding_window', 'attention_chunk_size'):
+      require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
+    require('sliding' not in types or self.sliding_window > 0, 'sliding_window', self.sliding_window,
+            f'a positive number of keys with layer_types={self.layer_types!r}')
+    require('chunked' not in types or self.attention_chunk_size > 0, 'attention_chunk_size',
+            self.attention_chunk_size, f'a positive number of positions with layer_types={self.layer_types!r}')
+    require(types == ('full',) or not self.randomized_max_length, 'randomized_max_length', self.randomized_max_length,
+            f'0 with layer_types={self.layer_types!r} (a window counts positions, and randomized ones skip some)')
+
+  @property
+  def layer_type_cycle(self) -> tuple:
+    return tuple(kind.strip() for kind in self.layer_types.split(','))
+
+  def layer_type(self, index: int) -> str:
+    """What layer `index` of a stack attends to: full, sliding or chunked."""
+    types = self.layer_type_cycle
+    return types[index % len(types)]
 
   @property
   def dtype(self):

@@ -40,3 +40,23 @@ def segment_mask(segments_BxL: chex.Array) -> chex.Array:
 def cross_attention_mask(source_valid_BxLs: Optional[chex.Array]) -> Optional[chex.Array]:
   """Decoder queries attend every real source token: the source's padding mask, B x 1 x 1 x Ls."""
   return None if source_valid_BxLs is None else padding_mask(source_valid_BxLs)
+
+
+def window_mask(q_positions_BxLq: chex.Array, k_positions_BxLk: chex.Array, *, window: int = 0, chunk: int = 0,
+                causal: bool = True) -> chex.Array:
+  """Which keys a local layer's queries see, by position. B x 1 x Lq x Lk.
+
+  window W > 0 (a sliding window, Beltagy et al. 2020; Mistral, Gemma): query i sees key j when i - W < j, so with
+  the causal mask a query sees itself and the W - 1 keys before it (Hugging Face's convention; some
+  implementations count W + 1); bidirectional (an encoder), |i - j| < W: W - 1 on each side.
+  chunk C > 0 (Llama 4's chunked attention): query i sees key j when floor(i / C) = floor(j / C), its own chunk.
+  """
+  chex.assert_rank([q_positions_BxLq, k_positions_BxLk], 2)
+  query_BxLqx1, key_Bx1xLk = q_positions_BxLq[:, :, None], k_positions_BxLk[:, None, :]
+  allowed = jnp.ones(jnp.broadcast_shapes(query_BxLqx1.shape, key_Bx1xLk.shape), jnp.bool_)
+  if window:
+    distance = query_BxLqx1 - key_Bx1xLk
+    allowed = distance < window if causal else jnp.abs(distance) < window
+  if chunk:
+    allowed = jnp.logical_and(allowed, query_BxLqx1 // chunk == key_Bx1xLk // chunk)
+  return allowed[:, None]

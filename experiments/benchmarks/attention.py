@@ -6,6 +6,7 @@ jax.nn.dot_product_attention.
 
   python -m experiments.benchmark attention [--length=1024] [--batch_size=4] [--num_heads=4] [--head_dim=64]
                                             [--compute_dtype=bfloat16] [--pallas_rows] [--flex]
+  python -m experiments.benchmark attention --window=256 --lengths=1024,4096,16384 [--block_size=512]
 
 Rows: plain causal attention (contracting the B x L x H x K layout); Shaw's logits and values terms
 by gather and scatter-add, by the distance layout, and on the causal band of blockwise attention
@@ -15,7 +16,8 @@ scaled_dot_product_attention (heads first) and as blockwise_attention with --blo
 time. The ratio is to plain. --pallas_rows adds the Pallas kernel (transformer/flash_attention.py) with
 no term, ALiBi's and T5's computed inside (compiled on a GPU or TPU, interpreted, slowly, elsewhere);
 --flex adds PyTorch's FlexAttention with the same terms as score_mod (experiments/benchmarks/flex.py, in
-its own process; forward only on a CPU, where it has no backward).
+its own process; forward only on a CPU, where it has no backward). --window with --lengths times full causal
+attention against a sliding window instead (experiments/benchmarks/window_cost.py).
 """
 
 import json
@@ -44,6 +46,10 @@ _BLOCK = flags.DEFINE_integer('block_size', 128, 'Queries per block in the block
 _DTYPE = flags.DEFINE_enum('compute_dtype', 'float32', ['float32', 'bfloat16'], 'Queries, keys and values.')
 _PALLAS = flags.DEFINE_boolean('pallas_rows', False, 'Add the Pallas kernel with no term, ALiBi and T5 inside.')
 _FLEX = flags.DEFINE_boolean('flex', False, "Add PyTorch's FlexAttention with the same terms (the [peer] extra).")
+_WINDOW = flags.DEFINE_integer('window', 0, 'With --lengths: full causal attention against a sliding window of this '
+                               'many keys, in blocks of --block_size (experiments/benchmarks/window_cost.py).',
+                               lower_bound=0)
+_LENGTHS = flags.DEFINE_list('lengths', None, 'With --window: the sequence lengths of its table.')
 _FLEX_ROW = flags.DEFINE_string('flex_row', None, 'Internal: time one FlexAttention term and print its JSON.')
 CORES = ('jax.nn.dot_product_attention', 'scaled_dot_product_attention', 'blockwise_attention')
 SHAW_BAND = 'shaw (causal band, blocks)'
@@ -134,8 +140,27 @@ def _flex_rows() -> list:
   return rows
 
 
+def _window_table() -> None:
+  """--window with --lengths: full causal attention against a sliding window (experiments/benchmarks/window_cost.py)."""
+  if not (_WINDOW.value and _LENGTHS.value):
+    raise cli.CommandError('--window and --lengths: give both (a window of W keys, and the lengths to time it at)')
+  try:
+    lengths = [int(length) for length in _LENGTHS.value]
+  except ValueError:
+    lengths = []
+  if not lengths or min(lengths) <= _WINDOW.value:
+    raise cli.CommandError(f'--lengths: got {",".join(_LENGTHS.value)}; valid: integers longer than --window='
+                           f'{_WINDOW.value}')
+  from experiments.benchmarks import window_cost  # pylint: disable=g-import-not-at-top
+  print(window_cost.table(lengths, _WINDOW.value, _BLOCK.value, _BATCH.value, _HEADS.value, _HEAD_DIM.value,
+                          _REPEATS.value))
+
+
 def main(argv):
   del argv
+  if _WINDOW.value or _LENGTHS.value:
+    _window_table()
+    return
   if _FLEX_ROW.value:
     from experiments.benchmarks import flex  # pylint: disable=g-import-not-at-top
     print(json.dumps(flex.run_flex_row(_FLEX_ROW.value, _BATCH.value, _LENGTH.value, _HEADS.value, _HEAD_DIM.value,

@@ -177,12 +177,11 @@ class Problem:
 def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Optional[int] = None,
                  factor_set: str = 'long', corpus: str = '') -> Problem:
   """The runs (one configuration, each seed once, of a rotary variant), the factor s > 1, the length scored
-  (None: the original length times s), and what is scored: a language model's held-out stream's last
-  `tokens` (at most half of it), or a task run's `batches` evaluation batches after the trainer's own
-  (None: as many as the trainer's); a ValueError names the flag and what would be valid. factor_set
-  'short' searches the short set of runs trained with longrope at a length within the original one (None:
-  the original length; a task's trained problem size), their long set kept, the set chosen by length. corpus:
-  another corpus of the runs' tokenizer to score (checkpoints.run_model)."""
+  (None: the original length times s), and what is scored: a language model's held-out stream's last `tokens`
+  (at most half of it; corpus: as checkpoints.run_model's), or a task run's `batches` evaluation batches after the
+  trainer's own (None: as many as the trainer's); a ValueError names the flag and what would be valid. factor_set
+  'short' searches the short set of runs trained with longrope at a length within the original one (None: the
+  original length; a task's trained problem size), their long set kept, the set chosen by length."""
   lineages = [lineage.of_run(workdir) for workdir in workdirs]
   for workdir, other in zip(workdirs[1:], lineages[1:]):
     if other.configuration != lineages[0].configuration:

@@ -353,21 +353,28 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
                        eval_batch_size=task_batches[1])
   on_corpus = f'-on-{description["corpus_name"]}' if request.corpus else ''
   directory = os.path.join(workdir, EVALUATIONS, name or default_name(request, task_batches) + on_corpus)
-  spec_path = os.path.join(directory, 'evaluation.json')
-  exists = os.path.exists(spec_path)
-  if exists:
-    with open(spec_path) as file:
-      recorded = with_corpus_defaults(json.load(file), description)
-    recorded.setdefault('position_overrides', [])  # written before overrides existed: none
-    differing = sorted(key for key in set(recorded) | set(description) if recorded.get(key) != description.get(key))
-    if differing:
-      found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
-      raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
-    results_path = os.path.join(directory, 'results.jsonl')
-    if os.path.exists(results_path):
-      whole_lines(results_path)  # damage before the end is refused here, not later; a torn tail is cut when run
+  exists = _records_this_evaluation(directory, description)
   return Evaluation(workdir=workdir, lengths=tuple(lengths), request=request, config=config, task=task, step=step,
                     directory=directory, description=description, exists=exists)
+
+
+def _records_this_evaluation(directory: str, description: dict) -> bool:
+  """Whether the directory already records this evaluation (to resume); a ValueError when it records another, or
+  its results are damaged before their end."""
+  spec_path = os.path.join(directory, 'evaluation.json')
+  if not os.path.exists(spec_path):
+    return False
+  with open(spec_path) as file:
+    recorded = with_corpus_defaults(json.load(file), description)
+  recorded.setdefault('position_overrides', [])  # written before overrides existed: none
+  differing = sorted(key for key in set(recorded) | set(description) if recorded.get(key) != description.get(key))
+  if differing:
+    found = '; '.join(f'{key}: {recorded.get(key)!r} there, {description.get(key)!r} now' for key in differing[:3])
+    raise ValueError(f'{directory}: records another evaluation ({found}); valid: --name=<a new name>')
+  results_path = os.path.join(directory, 'results.jsonl')
+  if os.path.exists(results_path):
+    whole_lines(results_path)  # damage before the end is refused here, not later; a torn tail is cut when run
+  return True
 
 
 def _length_scorer(evaluation: Evaluation, params):

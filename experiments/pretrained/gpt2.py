@@ -34,7 +34,8 @@ def model_config(hf_config: dict, name: str = ARCHITECTURE) -> transformer.Model
       num_heads=number(hf_config, 'n_head', integer=True), num_kv_heads=0,
       feed_forward_dim=number(hf_config, 'n_inner', 4 * width, integer=True), num_encoder_layers=0,
       num_decoder_layers=number(hf_config, 'n_layer', integer=True), dropout_rate=0.0,
-      layer_norm_eps=number(hf_config, 'layer_norm_epsilon', 1e-5), tie_embeddings=flag(hf_config, 'tie_word_embeddings', True),
+      layer_norm_eps=number(hf_config, 'layer_norm_epsilon', 1e-5),
+      tie_embeddings=flag(hf_config, 'tie_word_embeddings', True),
       position=tables.position_config('learned', max_length=number(hf_config, 'n_positions', integer=True)))
 
 
@@ -100,7 +101,8 @@ def exportable(config: transformer.ModelConfig) -> str:
 def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
   del context_length  # n_positions is the table's rows
   return dict(architectures=[ARCHITECTURE], model_type='gpt2', vocab_size=config.vocab_size,
-              n_positions=config.position.settings.max_length, n_embd=config.model_dim, n_layer=config.num_decoder_layers,
+              n_positions=config.position.settings.max_length, n_embd=config.model_dim,
+              n_layer=config.num_decoder_layers,
               n_head=config.num_heads, n_inner=config.feed_forward_dim, activation_function='gelu_new',
               layer_norm_epsilon=config.layer_norm_eps, tie_word_embeddings=config.tie_embeddings, resid_pdrop=0.0,
               embd_pdrop=0.0, attn_pdrop=0.0, torch_dtype='float32')

@@ -47,7 +47,8 @@ def model_config(hf_config: dict, name: str = ARCHITECTURE) -> transformer.Model
               rope_config.rope_position(rope, 'p_rope', rotary_fraction=rotated / head_dim,
                                         rotary_frequencies='rescaled'))
   return tables.model_config(
-      **BLOCK, vocab_size=number(hf_config, 'vocab_size', integer=True), model_dim=width, num_heads=heads, num_kv_heads=0,
+      **BLOCK, vocab_size=number(hf_config, 'vocab_size', integer=True), model_dim=width, num_heads=heads,
+      num_kv_heads=0,
       feed_forward_dim=number(hf_config, 'intermediate_size', integer=True), num_encoder_layers=0,
       num_decoder_layers=number(hf_config, 'num_hidden_layers', integer=True), dropout_rate=0.0,
       activation=ACTIVATIONS[activation], layer_norm_eps=number(hf_config, 'layer_norm_eps', 1e-5),
@@ -105,8 +106,10 @@ def table(config: transformer.ModelConfig) -> list:
              _fused(f'{prefix}.attention.query_key_value.bias', index, config, bias=True),
              tables.linear(f'{prefix}.attention.dense.weight', layer_path(index, 'self_attention', 'out', 'kernel'),
                            (width, width)),
-             tables.same(f'{prefix}.attention.dense.bias', layer_path(index, 'self_attention', 'out', 'bias'), (width,))]
-    for theirs, ours, shape in (('dense_h_to_4h', 'hidden', (hidden, width)), ('dense_4h_to_h', 'output', (width, hidden))):
+             tables.same(f'{prefix}.attention.dense.bias', layer_path(index, 'self_attention', 'out', 'bias'),
+                         (width,))]
+    for theirs, ours, shape in (('dense_h_to_4h', 'hidden', (hidden, width)),
+                                ('dense_4h_to_h', 'output', (width, hidden))):
       rows += [tables.linear(f'{prefix}.mlp.{theirs}.weight', layer_path(index, 'feed_forward', f'{ours}_kernel'),
                              shape),
                tables.same(f'{prefix}.mlp.{theirs}.bias', layer_path(index, 'feed_forward', f'{ours}_bias'), shape[:1])]

@@ -9,7 +9,7 @@ import os
 
 import transformer
 from experiments.pretrained import gpt2, gpt_neox, llama
-from experiments.pretrained.safetensors_file import INDEX_FILE, WEIGHTS_FILE, Tensors, weight_files  # pylint: disable=unused-import
+from experiments.pretrained.safetensors_file import INDEX_FILE, WEIGHTS_FILE, Tensors
 from experiments.pretrained.tables import PretrainedError, read_json_object
 
 ARCHITECTURES = {**{name: llama for name in llama.ARCHITECTURES}, gpt2.ARCHITECTURE: gpt2,

@@ -1,8 +1,8 @@
-"""The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; Touvron et al. 2023) both ways: pre-RMSNorm,
-SwiGLU, grouped-query attention, RoPE (its rope_scaling as a context extension: rope_config.py), tied or untied
-embeddings; Llama's attention_bias (query, key, value and output biases) and mlp_bias (the feed-forward's three),
-Qwen2's query, key and value biases. The table (`table`) is read by the import and written by the export; the
-query and key rows are permuted per head between rotate_half's halves and this library's pairs (tables.rotary).
+"""The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; Touvron et al. 2023) both ways:
+pre-RMSNorm, SwiGLU, grouped-query attention, RoPE (its rope_scaling as a context extension: rope_config.py), tied
+or untied embeddings; Llama's attention_bias (query, key, value and output biases) and mlp_bias (the feed-forward's
+three), Qwen2's query, key and value biases. The table (`table`) is read by the import and written by the export;
+the query and key rows are permuted per head between rotate_half's halves and this library's pairs (tables.rotary).
 """
 
 import transformer

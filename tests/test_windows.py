@@ -1,0 +1,180 @@
+"""Local attention by layer (model.layer_types, sliding_window, attention_chunk_size; transformer/masks.py
+window_mask): the mask against its definition, every CPU core against a float64 loop, the receptive field of one
+layer through its inputs, a window as long as the sequence equal to full attention, and cached decoding past 4W
+equal to the whole forward pass."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import attention_core
+from transformer.attention_request import AttentionMask, AttentionRequest, CoreSettings
+from transformer.masks import causal_mask, window_mask
+
+
+def _allowed(i: int, j: int, window: int, chunk: int, causal: bool) -> bool:
+  """The definition, one pair at a time."""
+  if causal and j > i:
+    return False
+  if window and not (i - j < window if causal else abs(i - j) < window):
+    return False
+  return not chunk or i // chunk == j // chunk
+
+
+@pytest.mark.parametrize('window, chunk, causal', [(3, 0, True), (3, 0, False), (0, 4, True), (1, 0, True)])
+def test_the_window_mask_is_its_definition(window, chunk, causal):
+  length = 11
+  positions = np.arange(length)[None]
+  got = np.asarray(window_mask(positions, positions, window=window, chunk=chunk, causal=causal))[0, 0]
+  if causal:
+    got = got & np.asarray(causal_mask(length))[0, 0]
+  expected = np.array([[_allowed(i, j, window, chunk, causal) for j in range(length)] for i in range(length)])
+  np.testing.assert_array_equal(got, expected)
+  if window == 1:
+    assert (got == np.eye(length, dtype=bool)).all()  # W = 1: a query sees itself alone
+
+
+def _loop_attention(query, key, value, window, chunk):
+  """softmax over the allowed keys, one query and head at a time, in float64."""
+  query, key, value = (np.asarray(a, np.float64) for a in (query, key, value))
+  batch, length, heads, width = query.shape
+  out = np.zeros((batch, length, heads, value.shape[-1]))
+  for b in range(batch):
+    for h in range(heads):
+      for i in range(length):
+        keys = [j for j in range(length) if _allowed(i, j, window, chunk, True)]
+        logits = np.array([query[b, i, h] @ key[b, j, h] for j in keys]) / np.sqrt(width)
+        weights = np.exp(logits - logits.max())
+        out[b, i, h] = (weights / weights.sum()) @ value[b, keys, h]
+  return out
+
+
+@pytest.mark.parametrize('core, blocks', [('explicit', (0, 0)), ('blockwise', (4, 4)), ('xla', (0, 0))])
+@pytest.mark.parametrize('window, chunk', [(5, 0), (0, 6)])
+def test_every_core_attends_within_the_window_as_a_float64_loop(core, blocks, window, chunk):
+  rng = np.random.default_rng(0)
+  length = 19
+  query, key, value = (jnp.asarray(rng.normal(size=(2, length, 2, 8)), jnp.float32) for _ in range(3))
+  positions = np.arange(length)[None]
+  mask = jnp.logical_and(causal_mask(length), window_mask(positions, positions, window=window, chunk=chunk))
+  request = AttentionRequest(query, key, value, 1 / np.sqrt(8),
+                             AttentionMask(mask, causal=True, window=window, chunk=chunk))  # blocks skip outside it
+  got = attention_core.attend(core, request, CoreSettings('cpu', *blocks)).output_BxLqxHxV
+  np.testing.assert_allclose(np.asarray(got), _loop_attention(query, key, value, window, chunk), atol=2e-5, rtol=1e-5)
+
+
+def _one_layer(kind='rope', **changes):
+  return T.tiny_preset(T.PositionConfig(kind), **{**dict(num_encoder_layers=0, num_decoder_layers=1, vocab_size=16),
+                                                  **changes})
+
+
+def _changed_by(model, variables, tokens, i: int) -> list:
+  """The positions j whose token, when changed, changes the logits at position i."""
+  base = np.asarray(model.apply(variables, tokens))
+  found = []
+  for j in range(tokens.shape[1]):
+    other = tokens.at[0, j].set((tokens[0, j] + 1) % 16)
+    if not np.array_equal(np.asarray(model.apply(variables, other))[0, i], base[0, i]):
+      found.append(j)
+  return found
+
+
+@pytest.mark.parametrize('changes, expected', [
+    (dict(layer_types='sliding', sliding_window=4), [7, 8, 9, 10]),
+    (dict(layer_types='chunked', attention_chunk_size=4), [8, 9, 10]),
+    (dict(layer_types='full'), list(range(11))),
+])
+def test_one_layers_logits_read_only_the_tokens_of_its_window(changes, expected):
+  """Position 10 of one decoder layer: a sliding window of 4 reads tokens 7-10, a chunk of 4 tokens 8-10 (its
+  chunk is 8-11), full attention all; every other token's change leaves its logits equal to the last bit."""
+  model = T.DecoderOnly(_one_layer(**changes))
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 16, (1, 12)))
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  assert _changed_by(model, variables, tokens, 10) == expected
+
+
+def test_an_encoders_window_is_symmetric_and_its_chunks_are_refused():
+  """One encoder layer with a window of 3: position 5 reads tokens 3-7 (W - 1 on each side)."""
+  config = T.tiny_preset(T.PositionConfig('t5'), num_encoder_layers=1, num_decoder_layers=1, vocab_size=16,
+                         layer_types='sliding', sliding_window=3)
+  model = T.EncoderDecoder(config)
+  source = jnp.asarray(np.random.default_rng(2).integers(0, 16, (1, 10)))
+  variables = model.init(jax.random.PRNGKey(0), source, source[:, :4])
+  encode = lambda tokens: np.asarray(model.apply(variables, tokens, method='encode'))[0, 5]
+  base = encode(source)
+  assert [j for j in range(10) if not np.array_equal(encode(source.at[0, j].set((source[0, j] + 1) % 16)), base)] == [
+      3, 4, 5, 6, 7]
+  chunked = T.EncoderDecoder(config.replace(layer_types='chunked', attention_chunk_size=4))
+  with pytest.raises(ValueError, match=r"layer_types: got 'chunked' in bidirectional attention"):
+    chunked.init(jax.random.PRNGKey(0), source, source[:, :4])
+
+
+@pytest.mark.parametrize('kind', ['rope', 'alibi', 'none'])
+def test_a_window_as_long_as_the_sequence_is_full_attention(kind):
+  config = _one_layer(kind, num_decoder_layers=2)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, 16, (2, 12)))
+  full = T.DecoderOnly(config)
+  variables = full.init(jax.random.PRNGKey(0), tokens)
+  for changes in (dict(layer_types='sliding', sliding_window=12), dict(layer_types='chunked', attention_chunk_size=12),
+                  dict(layer_types='sliding,full', sliding_window=40)):
+    windowed = T.DecoderOnly(config.replace(**changes))
+    np.testing.assert_array_equal(np.asarray(windowed.apply(variables, tokens)),
+                                  np.asarray(full.apply(variables, tokens)))
+  narrow = T.DecoderOnly(config.replace(layer_types='sliding', sliding_window=11))
+  assert not np.allclose(np.asarray(narrow.apply(variables, tokens)), np.asarray(full.apply(variables, tokens)))
+
+
+@pytest.mark.parametrize('changes', [dict(layer_types='sliding,full', sliding_window=3),
+                                     dict(layer_types='chunked,full', attention_chunk_size=4)])
+def test_cached_decoding_past_four_windows_gives_the_whole_forward_pass(changes):
+  """Token by token through the cache for 14 tokens (more than 4 W = 12 and three chunks), then the whole pass."""
+  model = T.DecoderOnly(_one_layer(num_decoder_layers=2, **changes))
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, 16, (2, 14)))
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  _, cache = model.apply(variables, jnp.zeros_like(tokens), use_cache=True, mutable=['cache'])
+  stepped = []
+  for index in range(tokens.shape[1]):
+    logits, updated = model.apply({**variables, 'cache': cache['cache']}, tokens[:, index:index + 1], use_cache=True,
+                                  mutable=['cache'])
+    cache = updated
+    stepped.append(logits)
+  np.testing.assert_allclose(np.concatenate(stepped, axis=1), model.apply(variables, tokens), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('changes, message', [
+    (dict(layer_types='sliding'), r'sliding_window: got 0; valid: a positive number of keys'),
+    (dict(layer_types='chunked'), r'attention_chunk_size: got 0; valid: a positive number of positions'),
+    (dict(layer_types='sliding,global', sliding_window=4), r"layer_types: got 'sliding,global'; valid: a "
+                                                           r'comma-separated cycle of full, sliding, chunked'),
+    (dict(layer_types='sliding', sliding_window=4, randomized_max_length=64), r'randomized_max_length: got 64'),
+])
+def test_a_window_that_cannot_be_served_is_refused_naming_the_field(changes, message):
+  with pytest.raises(ValueError, match=message):
+    _one_layer(**changes)
+
+
+@pytest.mark.parametrize('window, chunk, expected', [
+    (6, 0, [(35, 43), (43, 44)]),   # queries 40-43 see keys from 40 - 6 + 1 = 35 on
+    (0, 16, [(32, 40), (40, 44)]),  # their chunk starts at 32
+    (0, 0, [(0, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 44)]),
+])
+def test_blocks_of_keys_before_the_window_are_never_computed(window, chunk, expected):
+  """The key blocks the blockwise core visits for the query block 40-43 (key blocks of 8): only those that hold a
+  key the window or chunk allows."""
+  from transformer.blockwise import _key_blocks  # pylint: disable=import-outside-toplevel
+  first = AttentionMask(causal=True, window=window, chunk=chunk).first_key(40)
+  assert [(block.start, block.stop) for block, _ in _key_blocks(40, 44, 8, None, first)] == expected
+
+
+@pytest.mark.parametrize('changes', [dict(layer_types='sliding,full', sliding_window=5),
+                                     dict(layer_types='chunked', attention_chunk_size=6)])
+def test_a_windowed_model_in_blocks_gives_the_explicit_cores_logits(changes):
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, 16, (2, 19)))
+  explicit = T.DecoderOnly(_one_layer(num_decoder_layers=2, attention_implementation='explicit', **changes))
+  variables = explicit.init(jax.random.PRNGKey(0), tokens)
+  blocks = T.DecoderOnly(explicit.config.replace(attention_implementation='blockwise', attention_block_size=4,
+                                                 attention_key_block_size=4))
+  np.testing.assert_allclose(np.asarray(blocks.apply(variables, tokens)), np.asarray(explicit.apply(variables, tokens)),
+                             atol=2e-5, rtol=1e-5)
