@@ -168,13 +168,18 @@ def test_blocks_of_keys_before_the_window_are_never_computed(window, chunk, expe
   assert [(block.start, block.stop) for block, _ in _key_blocks(40, 44, 8, None, first)] == expected
 
 
+@pytest.mark.parametrize('kind', ['rope', 'alibi'])  # all blocks at once; one after another with ALiBi's term
 @pytest.mark.parametrize('changes', [dict(layer_types='sliding,full', sliding_window=5),
                                      dict(layer_types='chunked', attention_chunk_size=6)])
-def test_a_windowed_model_in_blocks_gives_the_explicit_cores_logits(changes):
+def test_a_windowed_model_in_blocks_gives_the_explicit_cores_logits_packed_and_padded_too(kind, changes):
   tokens = jnp.asarray(np.random.default_rng(5).integers(0, 16, (2, 19)))
-  explicit = T.DecoderOnly(_one_layer(num_decoder_layers=2, attention_implementation='explicit', **changes))
+  explicit = T.DecoderOnly(_one_layer(kind, num_decoder_layers=2, attention_implementation='explicit', **changes))
   variables = explicit.init(jax.random.PRNGKey(0), tokens)
   blocks = T.DecoderOnly(explicit.config.replace(attention_implementation='blockwise', attention_block_size=4,
                                                  attention_key_block_size=4))
-  np.testing.assert_allclose(np.asarray(blocks.apply(variables, tokens)), np.asarray(explicit.apply(variables, tokens)),
-                             atol=2e-5, rtol=1e-5)
+  segments = jnp.asarray([[0] * 7 + [1] * 12, [0] * 12 + [1] * 7])
+  positions = jnp.asarray([list(range(7)) + list(range(12)), list(range(12)) + list(range(7))])
+  valid = jnp.ones_like(tokens, bool).at[1, 15:].set(False)
+  for extra in ({}, dict(positions_BxL=positions, segments_BxL=segments), dict(valid_BxL=valid)):
+    np.testing.assert_allclose(np.asarray(blocks.apply(variables, tokens, **extra)),
+                               np.asarray(explicit.apply(variables, tokens, **extra)), atol=2e-5, rtol=1e-5)

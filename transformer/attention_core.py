@@ -9,7 +9,8 @@ the explicit core applies to the logits and the blockwise core runs in its own b
              everywhere and serves everything (a values term, attention dropout, collected weights).
   blockwise  blocks of queries (and of keys), an online softmax (blockwise.py): memory bounded by the
              blocks, position terms per block (Shaw's values term too); needs model.attention_block_size
-             > 0, and hands no weights back.
+             > 0, and hands no weights back. Keys before a local layer's window or chunk are skipped; a local
+             layer without position terms runs all its blocks at once (local_attention.py).
   xla        jax.nn.dot_product_attention(implementation='xla'): one fused XLA computation; masks and
              position terms broadcast to B x H x Lq x Lk; never forms weights.
   cudnn      jax.nn.dot_product_attention(implementation='cudnn'): cuDNN's fused flash attention, on GPUs,
@@ -47,6 +48,7 @@ from transformer.attention import fused_attention, scaled_dot_product_attention
 from transformer.attention_request import AttentionRequest, AttentionResult, CoreSettings
 from transformer.blockwise import blockwise_attention, shared_by_query_block
 from transformer.flash_attention import flash_attention
+from transformer.local_attention import banded_attention
 from transformer.positions.relative import contiguous_offset
 
 IMPLEMENTATIONS = ('auto', 'explicit', 'blockwise', 'xla', 'cudnn', 'pallas')
@@ -198,9 +200,28 @@ def _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk) -> boo
   return consecutive is True and offset == 0
 
 
+def _banded(request: AttentionRequest, settings: CoreSettings) -> Optional[AttentionResult]:
+  """A local layer's full pass (a window or chunk over causal attention) without position terms, every block at
+  once (local_attention.py: its backward is O(L W) too); None where it does not apply."""
+  mask, positions = request.mask, request.positions
+  if not (mask.window or mask.chunk) or request.weights_rule is not None:
+    return None
+  if positions is not None and (positions.hooks.needs_weights() or positions.hooks.needs_all_keys()
+                                or request.logits_term is not None):
+    return None
+  return AttentionResult(banded_attention(
+      request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, scale=request.scale,
+      window=mask.window, chunk=mask.chunk, block_size=settings.key_block_size or settings.block_size,
+      key_valid_BxL=mask.key_valid_BxLk, segments_BxL=mask.segments_BxL))
+
+
 def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
   """Blocks of queries (and keys), position terms per block: on the band next to each query block only
-  where the variant's terms vanish beyond one (Shaw's causal band), never for the whole call."""
+  where the variant's terms vanish beyond one (Shaw's causal band), never for the whole call. A local layer
+  without position terms runs all its blocks at once (_banded)."""
+  banded = _banded(request, settings)
+  if banded is not None:
+    return banded
   query, key, value, positions = request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, request.positions
   causal = request.mask.causal
   logits_term = values_term = band = value_offset = None
@@ -229,8 +250,10 @@ def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionRes
   all_keys_at_once = positions is not None and positions.hooks.needs_all_keys()
   if request.weights_rule is not None:
     return _blockwise_rule(request, settings, logits_term, all_keys_at_once)
+  local = request.mask.window or request.mask.chunk  # a full pass: each block's mask from its parts
   return AttentionResult(blockwise_attention(
-      query, key, value, block_size=settings.block_size, mask=request.mask.mask, scale=request.scale,
+      query, key, value, block_size=settings.block_size, mask=request.mask.block if local else request.mask.mask,
+      scale=request.scale,
       skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
       key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band,
       value_offset_HxV=value_offset, first_key=None if all_keys_at_once else request.mask.first_key))

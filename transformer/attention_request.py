@@ -10,6 +10,7 @@ import functools
 from typing import Callable, Optional
 
 import chex
+import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, Shared
 
@@ -38,6 +39,25 @@ class AttentionMask:
   segments_BxL: Optional[chex.Array] = None
   window: int = 0
   chunk: int = 0
+
+  def block(self, q_slice: slice, k_slice: slice) -> chex.Array:
+    """The mask of one block of queries and keys from its parts, never the whole Lq x Lk: causal, the window or
+    chunk (by index: within a packed document, positions and indices differ by its start), the keys' padding and
+    the documents. B x 1 x bq x bk (B may be 1). For a full pass over the same positions (window or chunk set)."""
+    query_bqx1 = jnp.arange(q_slice.start, q_slice.stop)[:, None]
+    key_1xbk = jnp.arange(k_slice.start, k_slice.stop)[None, :]
+    allowed = key_1xbk <= query_bqx1
+    if self.window:
+      allowed = jnp.logical_and(allowed, query_bqx1 - key_1xbk < self.window)
+    if self.chunk:
+      allowed = jnp.logical_and(allowed, query_bqx1 // self.chunk == key_1xbk // self.chunk)
+    allowed = allowed[None, None]
+    if self.key_valid_BxLk is not None:
+      allowed = jnp.logical_and(allowed, self.key_valid_BxLk[:, None, None, k_slice].astype(bool))
+    if self.segments_BxL is not None:
+      same = self.segments_BxL[:, q_slice, None] == self.segments_BxL[:, None, k_slice]
+      allowed = jnp.logical_and(allowed, same[:, None])
+    return allowed
 
   def first_key(self, q_start: int) -> int:
     """The first key a block of queries starting at q_start may see under the window or chunk (0: any)."""

@@ -138,8 +138,10 @@ class TransformerLayer(nn.Module):
     explicit, its keys the cache's slots."""
     config, full_pass = self.config, cache_index is None
     kind = config.layer_type(self.layer_index)
+    # A core takes the window or chunk by index; a packed row's chunks are by position in its document: dense.
     local = dict(window=config.sliding_window if kind == 'sliding' else 0,
-                 chunk=config.attention_chunk_size if kind == 'chunked' else 0) if self.causal and full_pass else {}
+                 chunk=config.attention_chunk_size if kind == 'chunked' and segments_BxL is None else 0
+                 ) if self.causal and full_pass else {}
     return AttentionMask(self_mask, causal=self.causal and full_pass, in_parts=full_pass and kind == 'full', **local,
                          key_valid_BxLk=valid_BxL if full_pass else None,
                          segments_BxL=segments_BxL if full_pass else None)
@@ -223,7 +225,7 @@ class TransformerStack(nn.Module):
     if positions_BxL is not None or segments_BxL is not None:
       self._check_packed(x_BxLxD, positions_BxL, segments_BxL)
     else:
-      positions_BxL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions while tracing
+      positions_BxL = np.arange(length, dtype=np.int32)[None]  # a constant: hooks see consecutive positions when traced
     if self.config.randomized_max_length:
       positions_BxL = self._randomized(length, valid_BxL)
     if use_cache:

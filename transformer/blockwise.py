@@ -45,7 +45,7 @@ def block_slice(term: Optional[chex.Array], q_slice: slice, k_slice: slice) -> O
 
 
 def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, block_size: int,
-                        mask: Optional[chex.Array] = None, scale: Optional[float] = None,
+                        mask: Optional[chex.Array | Callable] = None, scale: Optional[float] = None,
                         skip_future_blocks: bool = False,
                         logits_term: Optional[Callable] = None,
                         values_term: Optional[Callable] = None,
@@ -57,7 +57,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
 
   query B x Lq x H x K, key B x Lk x G x K, value B x Lk x G x V (the layout of
   jax.nn.dot_product_attention; query head h reads key and value head h // (H / G)); mask (True = attend)
-  broadcasts to B x H x Lq x Lk.
+  broadcasts to B x H x Lq x Lk, or is mask(q_slice, k_slice) -> one block's (AttentionMask.block: never the whole).
   logits_term(query_block, q_slice, k_slice) -> a term broadcastable to B x H x bq x bk, or None.
   values_term(p_BxHxbqxbk, q_slice, k_slice) -> B x bq x H x V, or None; it must be linear in p,
   since it receives unnormalised, running-max-shifted weights (Shaw's a^V term is).
@@ -109,7 +109,8 @@ def _query_block(query_block, query_BxHxbqxK, key_BxGxLkxK, value_BxGxLkxV, q_sl
     block_update = update if with_terms else _update
     running_max, running_sum, accumulator, weights = block_update(
         query_BxHxbqxK, key_BxGxLkxK[:, :, k_slice], value_BxGxLkxV[:, :, k_slice], term,
-        block_slice(mask, q_slice, k_slice), running_max, running_sum, accumulator)
+        mask(q_slice, k_slice) if callable(mask) else block_slice(mask, q_slice, k_slice), running_max, running_sum,
+        accumulator)
     if values_term is not None and with_terms:
       extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
       if extra_BxbqxHxV is not None:

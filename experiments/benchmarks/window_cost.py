@@ -1,8 +1,8 @@
-"""What a sliding window saves: one causal attention's forward and backward in blocks (the blockwise core, as a
-model runs it), full against a sliding window of W keys, at each length: time per token (median of the repeats,
-the two alternating) and XLA's temporary memory for the compiled step. A sliding layer's blocks before each query
-block's window are never computed (transformer/blockwise.py first_key), so its time per token stays flat while
-full attention's grows with L.
+"""What a sliding window saves: one causal attention's forward and backward through the blockwise core (as a
+model's layer runs it), full against a sliding window of W keys, at each length: time per token (median of the
+repeats, the two alternating) and XLA's temporary memory for the compiled step. Full attention visits its key
+blocks one after another; the sliding window runs every block against its own keys and the window's before it at
+once (transformer/local_attention.py), so its time and memory per token stay flat while full attention's grow.
 
   python -m experiments.benchmark attention --window=256 --lengths=1024,4096,16384 [--block_size=512]
 """
@@ -13,21 +13,19 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer import blockwise, masks
-from transformer.attention_request import AttentionMask
+from transformer import attention_core, masks
+from transformer.attention_request import AttentionMask, AttentionRequest, CoreSettings
 
 
 def _step(length: int, window: int, block_size: int):
-  """The jitted value and gradient of sum(attention^2) over (query, key, value); window 0: full causal."""
-  positions = jnp.arange(length)[None]
-  mask = masks.causal_mask(length)
-  if window:
-    mask = jnp.logical_and(mask, masks.window_mask(positions, positions, window=window))
-  first_key = AttentionMask(causal=True, window=window).first_key if window else None
+  """The jitted value and gradient of sum(attention^2) over (query, key, value) through the blockwise core, as a
+  model's layer calls it; window 0: full causal attention."""
+  mask = AttentionMask(masks.causal_mask(length), causal=True, window=window)
+  settings = CoreSettings('cpu', block_size, block_size)
 
   def loss(arguments):
-    output = blockwise.blockwise_attention(*arguments, block_size=block_size, key_block_size=block_size, mask=mask,
-                                           skip_future_blocks=True, first_key=first_key)
+    request = AttentionRequest(*arguments, arguments[0].shape[-1] ** -0.5, mask)
+    output = attention_core.attend('blockwise', request, settings).output_BxLqxHxV
     return jnp.sum(output.astype(jnp.float32) ** 2)
   return jax.jit(jax.value_and_grad(loss))
 
