@@ -16,6 +16,7 @@ Shape letters: a name ends in its array's axes joined by x (`logits_BxHxLqxLk`),
   bk   keys in one block
   H    attention heads (the queries')
   G    key and value heads: H / G query heads share each (grouped-query attention)
+  Hg   the H / G query heads that share one key and value head
   D    model width
   F    feed-forward width
   I    a dense layer's input features

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 from transformer.softmax import masked_fill_value
 
 
-def _shifted_blocks(array_BxLpx___, blocks: int, block: int, previous: int):
-  """B x Lp x ... (Lp = (previous + blocks) b, the first `previous` blocks padding) -> B x blocks x (previous + 1) b
-  x ...: block n's own rows and the `previous` blocks' before them."""
-  rest = array_BxLpx___.shape[2:]
-  by_block = array_BxLpx___.reshape(array_BxLpx___.shape[0], previous + blocks, block, *rest)
+def _shifted_blocks(array_BxLx___, blocks: int, block: int, previous: int):
+  """B x (previous + blocks) b x ... (the first `previous` blocks padding) -> B x blocks x (previous + 1) b x ...:
+  block n's own rows and the `previous` blocks' before them."""
+  rest = array_BxLx___.shape[2:]
+  by_block = array_BxLx___.reshape(array_BxLx___.shape[0], previous + blocks, block, *rest)
   return jnp.concatenate([by_block[:, shift:shift + blocks] for shift in range(previous + 1)], axis=2)
 
 
@@ -46,35 +46,35 @@ def banded_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, s
   def keys_side(array_BxL___, fill):
     widths = [(0, 0), (previous * block, padded - length)] + [(0, 0)] * (array_BxL___.ndim - 2)
     return _shifted_blocks(jnp.pad(array_BxL___, widths, constant_values=fill), blocks, block, previous)
-  query_BxNxbxGxRxK = jnp.pad(query, [(0, 0), (0, padded - length), (0, 0), (0, 0)]).reshape(
+  query_BxNxbqxGxHgxK = jnp.pad(query, [(0, 0), (0, padded - length), (0, 0), (0, 0)]).reshape(
       batch, blocks, block, groups, heads // groups, head_dim).astype(jnp.float32) * scale
-  key_BxNxSxGxK = keys_side(key.astype(jnp.float32), 0)
-  value_BxNxSxGxV = keys_side(value, 0)
-  logits = jnp.einsum('bnqgrk,bnsgk->bngrqs', query_BxNxbxGxRxK, key_BxNxSxGxK)
-  query_index_Nxbx1 = (jnp.arange(padded).reshape(blocks, block))[:, :, None]
-  key_index_NxS = keys_side(jnp.arange(length)[None], -1)[0]  # -1: before or after the sequence
-  key_index_Nx1xS = key_index_NxS[:, None, :]
-  allowed = jnp.logical_and(key_index_Nx1xS <= query_index_Nxbx1, key_index_Nx1xS >= 0)
+  key_BxNxbkxGxK = keys_side(key.astype(jnp.float32), 0)
+  value_BxNxbkxGxV = keys_side(value, 0)
+  logits = jnp.einsum('bnqgrk,bnsgk->bngrqs', query_BxNxbqxGxHgxK, key_BxNxbkxGxK)
+  query_index_Nxbqx1 = (jnp.arange(padded).reshape(blocks, block))[:, :, None]
+  key_index_Nxbk = keys_side(jnp.arange(length)[None], -1)[0]  # -1: before or after the sequence
+  key_index_Nx1xbk = key_index_Nxbk[:, None, :]
+  allowed = jnp.logical_and(key_index_Nx1xbk <= query_index_Nxbqx1, key_index_Nx1xbk >= 0)
   if window:
-    allowed = jnp.logical_and(allowed, query_index_Nxbx1 - key_index_Nx1xS < window)
+    allowed = jnp.logical_and(allowed, query_index_Nxbqx1 - key_index_Nx1xbk < window)
   else:
-    allowed = jnp.logical_and(allowed, query_index_Nxbx1 // chunk == key_index_Nx1xS // chunk)
-  allowed = allowed[None, :, None, None]  # 1 x N x 1 x 1 x b x S
+    allowed = jnp.logical_and(allowed, query_index_Nxbqx1 // chunk == key_index_Nx1xbk // chunk)
+  allowed = allowed[None, :, None, None]  # 1 x N x 1 x 1 x bq x bk
   if key_valid_BxL is not None:
-    valid_BxNxS = keys_side(key_valid_BxL.astype(bool), False)
-    allowed = jnp.logical_and(allowed, valid_BxNxS[:, :, None, None, None, :])
+    valid_BxNxbk = keys_side(key_valid_BxL.astype(bool), False)
+    allowed = jnp.logical_and(allowed, valid_BxNxbk[:, :, None, None, None, :])
   if segments_BxL is not None:
-    query_segments_BxNxb = jnp.pad(segments_BxL, [(0, 0), (0, padded - length)], constant_values=-1).reshape(
+    query_segments_BxNxbq = jnp.pad(segments_BxL, [(0, 0), (0, padded - length)], constant_values=-1).reshape(
         batch, blocks, block)
-    key_segments_BxNxS = keys_side(segments_BxL, -2)
-    same = query_segments_BxNxb[:, :, :, None] == key_segments_BxNxS[:, :, None, :]
+    key_segments_BxNxbk = keys_side(segments_BxL, -2)
+    same = query_segments_BxNxbq[:, :, :, None] == key_segments_BxNxbk[:, :, None, :]
     allowed = jnp.logical_and(allowed, same[:, :, None, None])
   logits = jnp.where(allowed, logits, masked_fill_value(jnp.float32))
   maximum = jnp.max(logits, axis=-1, keepdims=True)
   weights = jnp.where(allowed, jnp.exp(logits - maximum), 0.0)
   total = jnp.sum(weights, axis=-1, keepdims=True)
   weights = weights / jnp.where(total > 0, total, 1.0)
-  output = jnp.einsum('bngrqs,bnsgv->bnqgrv', weights, value_BxNxSxGxV.astype(jnp.float32))
+  output = jnp.einsum('bngrqs,bnsgv->bnqgrv', weights, value_BxNxbkxGxV.astype(jnp.float32))
   output = output.reshape(batch, padded, heads, value.shape[-1])[:, :length].astype(value.dtype)
   chex.assert_shape(output, (batch, length, heads, value.shape[-1]))
   return output

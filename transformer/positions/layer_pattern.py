@@ -1,7 +1,7 @@
 """A pattern of variants by layer: layer n of a stack takes the hooks of kinds[n mod len(kinds)], e.g.
 'rope,rope,rope,none' for RoPE in three layers of four and none in the fourth, as Llama 4 interleaves
-RoPE layers with NoPE ones (and Command A sliding-window RoPE layers with global NoPE ones; this
-library has no sliding window).
+RoPE layers with NoPE ones (and Command A sliding-window RoPE layers with global NoPE ones: with
+model.layer_types for the windows).
 
 Any variant without an embedding hook may appear (those that add to the token embeddings act once per
 stack, not per layer). The stack builds each kind's stack hooks once, so shared terms (ALiBi's bias,
