@@ -77,6 +77,8 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.layer_types = 'full'    # a cycle over the stack of full, sliding, chunked: 'sliding,full' alternates
   config.model.sliding_window = 0      # W: a sliding layer's query sees itself and the W - 1 keys before it
   config.model.attention_chunk_size = 0  # C: a chunked layer's query sees its own chunk of C positions (decoders)
+  config.model.qk_norm = 'none'        # RMSNorm of queries and keys: 'head' (Qwen3, Gemma 3), 'projection' (OLMo 2)
+  config.model.final_logit_softcap = 0.0  # c > 0: output logits c tanh(x / c) (Gemma 2)
   config.model.remat = 'none'          # recompute layer activations in the backward pass: 'block' (all) or 'matmuls'
   #                                      (all but the matmuls' outputs); less memory, more time
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)

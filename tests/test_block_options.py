@@ -169,3 +169,55 @@ def test_the_preflight_counts_the_gate_and_the_biases_before_anything_is_spent()
   _, unbiased = planned(**{'model.use_bias': False})
   biases = model.num_decoder_layers * (4 * model.model_dim + model.feed_forward_dim + model.model_dim) * 4
   assert relu['parameters'] - unbiased['parameters'] == biases
+
+
+def _qk_model(qk_norm):
+  config = T.tiny_preset(T.PositionConfig('rope'), num_encoder_layers=0, num_decoder_layers=1, vocab_size=16,
+                         num_kv_heads=2, qk_norm=qk_norm, layer_norm_eps=1e-12)
+  return T.DecoderOnly(config)
+
+
+def _scaled_query_rows(variables, rows: slice, factor: float):
+  """The variables with the query projection's output features `rows` multiplied by factor."""
+  params = jax.tree_util.tree_map(lambda x: x, nn.meta.unbox(variables))
+  kernel = params['params']['decoder']['layer_0']['self_attention']['query']['kernel']
+  params['params']['decoder']['layer_0']['self_attention']['query']['kernel'] = kernel.at[:, rows].multiply(factor)
+  return params
+
+
+@pytest.mark.parametrize('qk_norm', ['none', 'head', 'projection'])
+def test_qk_norm_removes_the_scale_of_each_head_or_of_the_whole_projection(qk_norm):
+  """RMSNorm of the queries over each head's width (Qwen3, Gemma 3) makes a head's query scale irrelevant; over the
+  whole projection (OLMo 2) only a scale of every head at once. Scales: K (head) or H K and G K (projection)."""
+  model = _qk_model(qk_norm)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 16, (2, 9)))
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  attention = nn.meta.unbox(variables)['params']['decoder']['layer_0']['self_attention']
+  head_dim = model.config.head_dim
+  if qk_norm == 'none':
+    assert 'query_norm' not in attention
+  else:
+    widths = {'head': (head_dim, head_dim), 'projection': (4 * head_dim, 2 * head_dim)}[qk_norm]
+    assert (attention['query_norm']['scale'].shape[0], attention['key_norm']['scale'].shape[0]) == widths
+  base = np.asarray(model.apply(variables, tokens))
+  one_head = np.asarray(model.apply(_scaled_query_rows(variables, slice(0, head_dim), 5.0), tokens))
+  every_head = np.asarray(model.apply(_scaled_query_rows(variables, slice(None), 5.0), tokens))
+  assert np.allclose(one_head, base, atol=1e-5) == (qk_norm == 'head')
+  assert np.allclose(every_head, base, atol=1e-5) == (qk_norm != 'none')
+
+
+def test_the_final_logit_softcap_is_c_tanh_of_the_logits():
+  config = T.tiny_preset(T.PositionConfig('rope'), num_encoder_layers=0, num_decoder_layers=1, vocab_size=16)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 16, (2, 9)))
+  plain = T.DecoderOnly(config)
+  variables = plain.init(jax.random.PRNGKey(0), tokens)
+  variables = jax.tree_util.tree_map(lambda x: x, nn.meta.unbox(variables))
+  variables['params']['embedding']['embedding']['embedding'] *= 8  # logits well past the cap
+  logits = np.asarray(plain.apply(variables, tokens), np.float64)
+  capped = np.asarray(T.DecoderOnly(config.replace(final_logit_softcap=3.0)).apply(variables, tokens))
+  assert np.abs(capped).max() < 3.0 < np.abs(logits).max()
+  np.testing.assert_allclose(capped, 3.0 * np.tanh(logits / 3.0), atol=1e-4, rtol=1e-4)
+  with pytest.raises(ValueError, match=r'final_logit_softcap: got -1.0; valid: a number >= 0'):
+    config.replace(final_logit_softcap=-1.0)
+  with pytest.raises(ValueError, match=r"qk_norm: got 'layer'; valid: none, head, projection"):
+    config.replace(qk_norm='layer')

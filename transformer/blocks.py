@@ -94,7 +94,8 @@ class TransformerLayer(nn.Module):
                      dropout_rate=config.attention_dropout_rate,
                      block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
                      implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
-                     out_bias=config.use_bias or config.attention_output_bias)
+                     out_bias=config.use_bias or config.attention_output_bias, qk_norm=config.qk_norm,
+                     qk_norm_eps=config.layer_norm_eps)
     self_attention = MultiHeadAttention(**attention, name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))

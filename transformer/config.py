@@ -61,6 +61,7 @@ class PositionConfig:
 
 
 LAYER_TYPES = ('full', 'sliding', 'chunked')
+QK_NORMS = ('none', 'head', 'projection')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +112,9 @@ class ModelConfig:
   #                                    sliding (the sliding_window keys up to the query) or chunked (its chunk)
   sliding_window: int = 0            # W: a sliding layer's query sees itself and the W - 1 keys before it
   attention_chunk_size: int = 0      # C: a chunked layer's query sees the keys of its chunk of C positions
+  qk_norm: str = 'none'              # RMSNorm of queries and keys before the rotation: 'head' (each head's width:
+  #                                    Qwen3, Gemma 3), 'projection' (the whole projection: OLMo 2) or 'none'
+  final_logit_softcap: float = 0.0   # c > 0: output logits c tanh(x / c) (Gemma 2); 0: none
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
@@ -137,6 +141,9 @@ class ModelConfig:
     require(self.attention_implementation in IMPLEMENTATIONS, 'attention_implementation',
             self.attention_implementation, ', '.join(IMPLEMENTATIONS))
     self._check_layer_types()
+    require(self.qk_norm in QK_NORMS, 'qk_norm', self.qk_norm, ', '.join(QK_NORMS))
+    require(self.final_logit_softcap >= 0.0, 'final_logit_softcap', self.final_logit_softcap,
+            'a number >= 0 (0: no cap)')
     rows = self.position.settings.longest_sequence()
     require(rows is None or self.randomized_max_length <= rows, 'randomized_max_length', self.randomized_max_length,
             f'0 (off) or at most position.max_length={rows}, the rows of the {self.position.kind} table that '

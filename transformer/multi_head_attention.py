@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from transformer import attention_core
 from transformer.attention import check_groups, merge_heads, split_heads
 from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
-from transformer.layers import EMBED, HEADS, KV_HEADS, Dense, linear, parameter
+from transformer.layers import EMBED, HEADS, KV_HEADS, Dense, RMSNorm, linear, parameter
 from transformer.positions.ssmax import keys_seen, scalable_query
 
 
@@ -39,6 +39,9 @@ class MultiHeadAttention(nn.Module):
   implementation: str = 'auto'  # the attention core, chosen per call by attention_core.choose
   qkv_bias: bool = True     # biases on the query, key and value projections
   out_bias: bool = True     # a bias on the output projection
+  qk_norm: str = 'none'     # RMSNorm of the queries and keys before the rotation: 'head' over each head's width
+  #                           (Qwen3, Gemma 3), 'projection' over the whole projection (OLMo 2), or 'none'
+  qk_norm_eps: float = 1e-6
 
   @nn.compact
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
@@ -66,6 +69,7 @@ class MultiHeadAttention(nn.Module):
     cached_step = use_cache and cache_index is not None
     query, key, value = self._project(inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention,
                                       reads_memory_cache=cached_step and not is_self_attention)
+    query, key = self._normalized(query, key)
     scale = 1.0 / math.sqrt(query.shape[-1])
     if positions is not None:
       positions = dataclasses.replace(positions, shared=positions.hooks.from_inputs(
@@ -84,6 +88,20 @@ class MultiHeadAttention(nn.Module):
     if result.weights_BxHxLqxLk is not None:
       self.sow('intermediates', 'attention_weights', result.weights_BxHxLqxLk)
     return Dense(width, use_bias=self.out_bias, name='out', axes=(HEADS, EMBED))(merge_heads(result.output_BxLqxHxV))
+
+  def _normalized(self, query_BxLqxHxK, key_BxLkxGxK):
+    """RMSNorm(q) and RMSNorm(k) with scales of their own (qk_norm): over each head's K features, one scale shared
+    by the heads, or over the whole projection; key None (a memory read from the cache) stays None."""
+    if self.qk_norm == 'none':
+      return query_BxLqxHxK, key_BxLkxGxK
+
+    def norm(x, name):
+      if self.qk_norm == 'head':
+        return RMSNorm(self.qk_norm_eps, name=name)(x)
+      flat = x.reshape(*x.shape[:2], -1)
+      return RMSNorm(self.qk_norm_eps, name=name)(flat).reshape(x.shape)
+    key = None if key_BxLkxGxK is None else norm(key_BxLkxGxK, 'key_norm')
+    return norm(query_BxLqxHxK, 'query_norm'), key
 
   @property
   def key_value_heads(self) -> int:

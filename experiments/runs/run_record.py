@@ -35,7 +35,8 @@ ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed'
                 'model.position.temperature_floor': 8192, 'model.norm_type': 'layernorm', 'model.layer_norm_eps': 1e-6,
                 'model.use_bias': True, 'model.qkv_bias': False, 'model.attention_output_bias': False,
                 'model.feed_forward_bias': False, 'model.layer_types': 'full', 'model.sliding_window': 0,
-                'model.attention_chunk_size': 0, 'model.parallel_residual': False,
+                'model.attention_chunk_size': 0, 'model.qk_norm': 'none', 'model.final_logit_softcap': 0.0,
+                'model.parallel_residual': False,
                 'model.num_kv_heads': 0, 'parallel.rules.kv_heads': 'tensor',
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(Settings)},
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
