@@ -213,6 +213,11 @@ def corpus_name(task) -> str:
   return corpus_choice.corpus_label(task.settings.path, identity) if identity else ''
 
 
+def on_corpus(corpus: str, task) -> str:
+  """What a default evaluation name gets for a corpus other than the run's own: '-on-' and its corpus_name."""
+  return f'-on-{corpus_name(task)}' if corpus else ''
+
+
 def with_corpus_defaults(recorded: dict, now: Optional[dict] = None) -> dict:
   """An evaluation.json written before corpora were recorded: the run's own corpus (whose identity the run itself
   pins), named as now."""
@@ -351,8 +356,8 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
       description.pop(field)
     description.update(protocol='task', seed=int(resolved['seed']), eval_batches=task_batches[0],
                        eval_batch_size=task_batches[1])
-  on_corpus = f'-on-{description["corpus_name"]}' if request.corpus else ''
-  directory = os.path.join(workdir, EVALUATIONS, name or default_name(request, task_batches) + on_corpus)
+  directory = os.path.join(workdir, EVALUATIONS,
+                           name or default_name(request, task_batches) + on_corpus(request.corpus, task))
   exists = _records_this_evaluation(directory, description)
   return Evaluation(workdir=workdir, lengths=tuple(lengths), request=request, config=config, task=task, step=step,
                     directory=directory, description=description, exists=exists)

@@ -200,16 +200,16 @@ def run_probe(workdir: str, request: ProbeRequest, extension, name=None, log=pri
   resolved = run_record.stored_config(workdir)
   if resolved is None:
     raise FileNotFoundError(f'--workdir: {workdir} has no {run_record.CONFIG_FILE}; valid: a training run directory')
-  config, task = checkpoints.run_model(workdir, getattr(extension, 'corpus', ''))
+  config, task = checkpoints.run_model(workdir, extension.corpus)
   codec = codec_for(task)
   config, original = long_context.extended_config(config, long_context.trained_positions(task), extension)
   stream = task.stream('eval')
   _refuse_lengths_the_run_cannot_take(request, config, codec, len(stream))
   step = checkpoints.newest_intact_step(workdir)
   description = _description(workdir, request, extension, config, resolved, original, step)
-  description.update(corpus=getattr(extension, 'corpus', ''), corpus_name=long_context.corpus_name(task))
-  on_corpus = f'-on-{description["corpus_name"]}' if description['corpus'] else ''
-  directory = os.path.join(workdir, long_context.EVALUATIONS, name or default_name(extension, request) + on_corpus)
+  description.update(corpus=extension.corpus, corpus_name=long_context.corpus_name(task))
+  directory = os.path.join(workdir, long_context.EVALUATIONS,
+                           name or default_name(extension, request) + long_context.on_corpus(extension.corpus, task))
   spec_path, results_path = os.path.join(directory, 'evaluation.json'), os.path.join(directory, 'results.json')
   if os.path.exists(spec_path):
     with open(spec_path) as file:

@@ -204,17 +204,16 @@ def check_shapes(restored, template, step: int, directory: str) -> None:
           f'or the config that wrote it (the checkpoint was left untouched)', difference)
 
 
-def load_run(workdir: str, corpus: str = ''):
+def load_run(workdir: str):
   """(model config, task, params) of the newest checkpoint, under the run's configuration (config.json
-  with its recorded changes); corpus: another corpus of the run's tokenizer as its task (run_model). A
-  checkpoint whose bytes no longer match its digest is a ValueError."""
-  model_config, task, params, _ = load_run_with_step(workdir, corpus)
+  with its recorded changes). A checkpoint whose bytes no longer match its digest is a ValueError."""
+  model_config, task, params, _ = load_run_with_step(workdir)
   return model_config, task, params
 
 
-def load_run_with_step(workdir: str, corpus: str = ''):
+def load_run_with_step(workdir: str):
   """load_run's (model config, task, params) and the step of the checkpoint they come from."""
-  model_config, task = run_model(workdir, corpus)
+  model_config, task = run_model(workdir)
   step = newest_intact_step(workdir)
   return model_config, task, restore_params(workdir, step), step
 
