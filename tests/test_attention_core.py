@@ -15,9 +15,10 @@ from tests.helpers import init, tiny, tokens
 
 
 def _needs(backend='cpu', dtype='float32', caller_weights=False, values_term=False, position_term=False,
-           blocks_configured=True, blocks_pay=True, kernel_serves=True, mask_in_parts=True, softmax=True):
+           blocks_configured=True, blocks_pay=True, kernel_serves=True, mask_in_parts=True, softmax=True,
+           softcap=False, sinks=False):
   return attention_core.CallNeeds(backend, dtype, caller_weights, values_term, position_term, blocks_configured,
-                                  blocks_pay, kernel_serves, mask_in_parts, softmax)
+                                  blocks_pay, kernel_serves, mask_in_parts, softmax, softcap, sinks)
 
 
 @pytest.mark.parametrize('needs, expected', [
@@ -57,10 +58,10 @@ def test_the_docstring_table_lists_autos_rules_in_the_order_the_code_tries_them(
 
 
 def test_auto_picks_the_first_rule_that_holds_and_only_a_core_that_can_run():
-  """Over every combination of backend, dtype and the call's needs (2304 calls): auto's choice is a core
+  """Over every combination of backend, dtype and the call's needs (9216 calls): auto's choice is a core
   that an explicit request for it would take, never pallas, and no earlier rule held."""
   calls = list(_every_call())
-  assert len(calls) == 3 * 3 * 2 ** 8
+  assert len(calls) == 3 * 3 * 2 ** 10
   for needs in calls:
     core = attention_core.choose('auto', needs)
     assert core != 'pallas'
@@ -98,6 +99,9 @@ def test_an_explicit_choice_that_can_run_is_taken(requested, needs):
     ('cudnn', _needs(backend='gpu', dtype='bfloat16', softmax=False), 'weights are not a softmax'),
     ('pallas', _needs(softmax=False), 'weights are not a softmax'),
     ('flash', _needs(), 'valid: auto, explicit, blockwise, xla, cudnn, pallas'),
+    ('xla', _needs(backend='gpu', softcap=True), 'soft-capped'),
+    ('cudnn', _needs(backend='gpu', dtype='bfloat16', softcap=True), 'soft-capped'),
+    ('cudnn', _needs(backend='gpu', dtype='bfloat16', sinks=True), 'a sink logit'),
 ])
 def test_a_choice_that_cannot_run_is_refused_naming_the_field_and_why(requested, needs, reason):
   with pytest.raises(ValueError, match='model.attention_implementation') as error:
@@ -159,5 +163,5 @@ def test_the_fused_call_takes_the_mask_as_its_parts(causal, valid_rows):
   valid = None if valid_rows is None else jnp.asarray(valid_rows, bool)
   mask = T.masks.self_attention_mask(valid, 9, causal)
   expected = T.attention.scaled_dot_product_attention(query, key, value, mask=mask)
-  got = T.attention.fused_attention(query, key, value, mask=mask, implementation='xla', mask_parts=(causal, valid))
+  got = T.attention.fused_attention(query, key, value, mask=mask, implementation='xla', mask_parts=(causal, valid, 0))
   np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -36,8 +36,9 @@ def test_the_window_mask_is_its_definition(window, chunk, causal):
     assert (got == np.eye(length, dtype=bool)).all()  # W = 1: a query sees itself alone
 
 
-def _loop_attention(query, key, value, window, chunk):
-  """softmax over the allowed keys, one query and head at a time, in float64."""
+def _loop_attention(query, key, value, window, chunk, sink_H=None, softcap=0.0):
+  """softmax over the allowed keys (and the head's sink, in the denominator alone), the logits capped to
+  c tanh(x / c), one query and head at a time, in float64."""
   query, key, value = (np.asarray(a, np.float64) for a in (query, key, value))
   batch, length, heads, width = query.shape
   out = np.zeros((batch, length, heads, value.shape[-1]))
@@ -46,23 +47,65 @@ def _loop_attention(query, key, value, window, chunk):
       for i in range(length):
         keys = [j for j in range(length) if _allowed(i, j, window, chunk, True)]
         logits = np.array([query[b, i, h] @ key[b, j, h] for j in keys]) / np.sqrt(width)
-        weights = np.exp(logits - logits.max())
-        out[b, i, h] = (weights / weights.sum()) @ value[b, keys, h]
+        if softcap:
+          logits = softcap * np.tanh(logits / softcap)
+        exponentials = np.exp(logits)
+        denominator = exponentials.sum() + (0.0 if sink_H is None else np.exp(float(sink_H[h])))
+        out[b, i, h] = (exponentials / denominator) @ value[b, keys, h]
   return out
 
 
-@pytest.mark.parametrize('core, blocks', [('explicit', (0, 0)), ('blockwise', (4, 4)), ('xla', (0, 0))])
-@pytest.mark.parametrize('window, chunk', [(5, 0), (0, 6)])
-def test_every_core_attends_within_the_window_as_a_float64_loop(core, blocks, window, chunk):
+# (core, its blocks, whether the mask goes in as its parts): blockwise without a term runs every block at once
+# (local_attention.py), the fused call takes a window as local_window_size, the kernel skips the blocks outside.
+CORES = [('explicit', (0, 0), False), ('blockwise', (4, 4), False), ('xla', (0, 0), False), ('xla', (0, 0), True),
+         ('pallas', (8, 8), True)]
+
+
+@pytest.mark.parametrize('core, blocks, in_parts', CORES)
+@pytest.mark.parametrize('window, chunk', [(5, 0), (0, 6), (0, 0)])
+@pytest.mark.parametrize('sinks, softcap', [(False, 0.0), (True, 0.0), (True, 1.5)])
+def test_every_core_attends_within_the_window_as_a_float64_loop(core, blocks, in_parts, window, chunk, sinks, softcap):
+  """The window or chunk, GPT-OSS's sinks and Gemma 2's cap in every core, against the loop."""
+  if softcap and core == 'xla':
+    pytest.skip('refused: jax.nn.dot_product_attention has no cap (test_attention_core.py checks the refusal)')
   rng = np.random.default_rng(0)
   length = 19
-  query, key, value = (jnp.asarray(rng.normal(size=(2, length, 2, 8)), jnp.float32) for _ in range(3))
+  query, key, value = (jnp.asarray(rng.normal(size=(2, length, 2, 8)) * 1.5, jnp.float32) for _ in range(3))
+  sink_H = jnp.asarray([1.5, -0.5], jnp.float32) if sinks else None
   positions = np.arange(length)[None]
   mask = jnp.logical_and(causal_mask(length), window_mask(positions, positions, window=window, chunk=chunk))
   request = AttentionRequest(query, key, value, 1 / np.sqrt(8),
-                             AttentionMask(mask, causal=True, window=window, chunk=chunk))  # blocks skip outside it
+                             AttentionMask(mask, causal=True, window=window, chunk=chunk, in_parts=in_parts),
+                             softcap=softcap, sink_H=sink_H)
   got = attention_core.attend(core, request, CoreSettings('cpu', *blocks)).output_BxLqxHxV
-  np.testing.assert_allclose(np.asarray(got), _loop_attention(query, key, value, window, chunk), atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), _loop_attention(query, key, value, window, chunk, sink_H, softcap),
+                             atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('core, blocks, in_parts', [case for case in CORES if case[0] != 'explicit'])
+@pytest.mark.parametrize('window, chunk', [(5, 0), (0, 6)])
+def test_every_core_gives_the_explicit_cores_gradients_with_sinks_and_a_cap(core, blocks, in_parts, window, chunk):
+  """d/d(q, k, v, sinks) of a loss on the output, every core against the explicit softmax (the kernel's sink
+  gradient is formed outside it from each row's log-sum-exp)."""
+  rng = np.random.default_rng(1)
+  length = 19
+  query, key, value = (jnp.asarray(rng.normal(size=(1, length, 2, 8)), jnp.float32) for _ in range(3))
+  sink_H = jnp.asarray([0.5, -1.0], jnp.float32)
+  positions = np.arange(length)[None]
+  mask = AttentionMask(jnp.logical_and(causal_mask(length), window_mask(positions, positions, window=window,
+                                                                        chunk=chunk)),
+                       causal=True, window=window, chunk=chunk, in_parts=in_parts)
+  softcap = 0.0 if core == 'xla' else 1.5
+  weights = jnp.asarray(rng.normal(size=(1, length, 2, 8)), jnp.float32)
+
+  def loss(name, settings, q, k, v, s):
+    request = AttentionRequest(q, k, v, 1 / np.sqrt(8), mask, softcap=softcap, sink_H=s)
+    return jnp.sum(attention_core.attend(name, request, settings).output_BxLqxHxV * weights)
+  expected = jax.grad(loss, argnums=(2, 3, 4, 5))('explicit', CoreSettings('cpu'), query, key, value, sink_H)
+  got = jax.grad(loss, argnums=(2, 3, 4, 5))(core, CoreSettings('cpu', *blocks), query, key, value, sink_H)
+  for got_part, expected_part in zip(got, expected):
+    np.testing.assert_allclose(np.asarray(got_part), np.asarray(expected_part), atol=5e-5, rtol=1e-4)
+  assert np.abs(np.asarray(expected[3])).min() > 1e-3  # the sinks' gradient is there to compare
 
 
 def _one_layer(kind='rope', **changes):

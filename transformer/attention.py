@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers import dropout
-from transformer.softmax import softmax
+from transformer.softmax import soft_cap, softmax
 
 
 def check_groups(query_heads: int, key_value_heads: int) -> int:
@@ -58,8 +58,9 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
                                  mask: Optional[chex.Array] = None, bias: Optional[chex.Array] = None,
                                  scale: Optional[float] = None, return_weights: bool = False,
                                  dropout_rate: float = 0.0, dropout_rng: Optional[chex.PRNGKey] = None,
-                                 deterministic: bool = True, weights_function: Optional[Callable] = None):
-  """Attention(Q, K, V) = softmax(Q K^T * scale + bias) V, scale = 1/sqrt(d_k) by default.
+                                 deterministic: bool = True, weights_function: Optional[Callable] = None,
+                                 softcap: float = 0.0, sink_H: Optional[chex.Array] = None):
+  """Attention(Q, K, V) = softmax(cap(Q K^T * scale + bias), sink) V, scale = 1/sqrt(d_k) by default.
 
   query: B x Lq x H x K, key: B x Lk x G x K, value: B x Lk x G x V (the layout of
   `jax.nn.dot_product_attention`; G divides H, query head h reads key and value head h // (H / G)). mask
@@ -67,6 +68,8 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   Logits and softmax are in float32 whatever the input dtype. The 1/sqrt(d_k) keeps the logits'
   variance near 1 as d_k grows, so the softmax does not saturate.
   weights_function(logits, mask) -> weights replaces the softmax (stick-breaking attention).
+  softcap c > 0: the logits capped to c tanh(x / c) (Gemma 2), the bias included; sink_H: a logit per head in
+  every row's denominator that reads no value (softmax.softmax's sink; GPT-OSS).
   Returns the output, B x Lq x H x V, and with return_weights the weights, B x H x Lq x Lk.
   """
   chex.assert_rank([query, key, value], 4)
@@ -84,7 +87,14 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
   if bias is not None:
     logits_BxHxLqxLk = logits_BxHxLqxLk + bias.astype(jnp.float32)
   chex.assert_shape(logits_BxHxLqxLk, (batch, heads, length_q, length_k))
-  weights_BxHxLqxLk = (weights_function or softmax)(logits_BxHxLqxLk, mask)
+  logits_BxHxLqxLk = soft_cap(logits_BxHxLqxLk, softcap)
+  if sink_H is None:
+    weights_BxHxLqxLk = (weights_function or softmax)(logits_BxHxLqxLk, mask)
+  else:
+    if weights_function is not None:
+      raise ValueError('sink_H: a sink joins a softmax\'s denominator; valid: None with a weights_function')
+    chex.assert_shape(sink_H, (heads,))
+    weights_BxHxLqxLk = softmax(logits_BxHxLqxLk, mask, sink=sink_H.astype(jnp.float32)[None, :, None, None])
   attended = dropout(weights_BxHxLqxLk, dropout_rate, dropout_rng, deterministic)
   output_BxHxLqxV = grouped_output(attended.astype(value.dtype), jnp.transpose(value, (0, 2, 1, 3)))
   output_BxLqxHxV = jnp.transpose(output_BxHxLqxV, (0, 2, 1, 3))
@@ -94,30 +104,36 @@ def scaled_dot_product_attention(query: chex.Array, key: chex.Array, value: chex
 
 def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, mask: Optional[chex.Array] = None,
                     bias: Optional[chex.Array] = None, scale: Optional[float] = None,
-                    implementation: str = 'xla', mask_parts: Optional[tuple] = None) -> chex.Array:
+                    implementation: str = 'xla', mask_parts: Optional[tuple] = None,
+                    sink_H: Optional[chex.Array] = None) -> chex.Array:
   """The same attention through `jax.nn.dot_product_attention` (same layout, B x L x H x K, keys and values
   with G heads, which it groups as scaled_dot_product_attention does) with the given
   implementation ('xla' or 'cudnn'), which never hands back the weights. A fully masked row gives a uniform
   average here (zeros in scaled_dot_product_attention); no model in this library produces one for a
   position whose output is used.
 
-  With mask_parts = (causal, key_valid_BxLk) the mask goes in as its parts: causal as is_causal (cuDNN then
-  skips the blocks above the diagonal), the keys' padding as key_value_seq_lengths where it is at the end
+  With mask_parts = (causal, key_valid_BxLk, window) the mask goes in as its parts: causal as is_causal (cuDNN then
+  skips the blocks above the diagonal), a sliding window W as local_window_size (W - 1, 0) (causal) or
+  (W - 1, W - 1), the keys' padding as key_value_seq_lengths where it is at the end
   of every row (checked on the values: elsewhere a B x 1 x 1 x Lk mask through XLA's implementation).
-  Otherwise masks and biases are broadcast to B x H x Lq x Lk as it requires."""
+  Otherwise masks and biases are broadcast to B x H x Lq x Lk as it requires. sink_H (XLA's implementation): one
+  more key per row, of zero value, whose logit is the head's sink (the mask then goes in whole)."""
   batch, length_q, heads, _ = query.shape
   shape = (batch, heads, length_q, key.shape[1])
+  if sink_H is not None:
+    return _fused_with_sink(query, key, value, mask, bias, scale, mask_parts, sink_H)
   if bias is not None:
     bias = jnp.broadcast_to(bias.astype(query.dtype), shape)
   if mask_parts is None:
     output = jax.nn.dot_product_attention(query, key, value, bias=bias, scale=scale, implementation=implementation,
                                           mask=None if mask is None else jnp.broadcast_to(mask, shape))
   else:
-    causal, key_valid_BxLk = mask_parts
+    causal, key_valid_BxLk, window = mask_parts
+    local = None if not window else (window - 1, 0 if causal else window - 1)
 
     def attend(lengths=None, padding=None, core=implementation):
       return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=padding, scale=scale, is_causal=causal,
-                                          key_value_seq_lengths=lengths, implementation=core)
+                                          key_value_seq_lengths=lengths, local_window_size=local, implementation=core)
     if key_valid_BxLk is None:
       output = attend()
     else:
@@ -126,6 +142,35 @@ def fused_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, ma
       at_the_end = jnp.all(key_valid_BxLk == (jnp.arange(key.shape[1])[None, :] < lengths_B[:, None]))
       output = jax.lax.cond(at_the_end, lambda: attend(lengths=lengths_B),
                             lambda: attend(padding=key_valid_BxLk[:, None, None, :], core='xla'))
+  chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
+  return output
+
+
+def _fused_with_sink(query, key, value, mask, bias, scale, mask_parts, sink_H):
+  """XLA's fused attention over the keys and one more of zero key and value, its logit sink_h: the softmax's
+  denominator gains exp(sink_h), the output nothing."""
+  batch, length_q, heads, _ = query.shape
+  length_k = key.shape[1]
+  if mask_parts is not None:  # the parts as one mask
+    causal, key_valid_BxLk, window = mask_parts
+    query_Lqx1, key_1xLk = jnp.arange(length_q)[:, None], jnp.arange(length_k)[None, :]
+    allowed = jnp.ones((length_q, length_k), bool)
+    if causal:
+      allowed = key_1xLk <= query_Lqx1
+    if window:
+      allowed = jnp.logical_and(allowed, jnp.abs(query_Lqx1 - key_1xLk) < window)
+    mask = allowed[None, None]
+    if key_valid_BxLk is not None:
+      mask = jnp.logical_and(mask, jnp.asarray(key_valid_BxLk, bool)[:, None, None, :])
+  shape = (batch, heads, length_q, length_k)
+  mask = jnp.ones(shape, bool) if mask is None else jnp.broadcast_to(mask, shape)
+  bias = jnp.zeros(shape, jnp.float32) if bias is None else jnp.broadcast_to(bias.astype(jnp.float32), shape)
+  sink_column = jnp.broadcast_to(sink_H.astype(jnp.float32)[None, :, None, None], (batch, heads, length_q, 1))
+  zero = lambda x: jnp.concatenate([x, jnp.zeros_like(x[:, :1])], axis=1)
+  output = jax.nn.dot_product_attention(
+      query, zero(key), zero(value), scale=scale, implementation='xla',
+      bias=jnp.concatenate([bias, sink_column], axis=-1).astype(query.dtype),
+      mask=jnp.concatenate([mask, jnp.ones((batch, heads, length_q, 1), bool)], axis=-1))
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
 

@@ -19,8 +19,9 @@ the explicit core applies to the logits and the blockwise core runs in its own b
   pallas     flash_attention.py: a Pallas flash attention kernel that computes the variant's term inside
              from positions and head (its kernel_term: ALiBi, T5, KERPLE; FoX from a number per token)
              or adds none; Triton on GPUs, Mosaic on TPUs, Pallas' interpreter elsewhere (slow: for
-             tests). The mask must be the causal mask and the keys' padding, given as such (not a
-             cached decoding step's).
+             tests). The mask must be the causal mask, the keys' padding, the documents and a local
+             layer's window or chunk, given as such (not a cached decoding step's); the key blocks outside
+             the window or chunk are never visited.
 
 'auto' (model.attention_implementation's default) takes the first row of this table that holds for the
 call (AUTO_RULES, in the same order; tests/test_attention_core.py reads this table):
@@ -68,6 +69,8 @@ class CallNeeds:
   kernel_serves: bool = False  # the variant adds no term, or one a kernel computes inside (kernel_term)
   mask_in_parts: bool = False  # the mask is None, or the causal mask, the keys' padding and documents given as such
   softmax: bool = True         # the weights are a softmax of the logits (not the variant's WeightsRule)
+  softcap: bool = False        # the logits are soft-capped (model.attention_softcap)
+  sinks: bool = False          # a sink logit per head joins the softmax (model.attention_sinks)
 
 
 def _refusal(requested: str, reason: str, needs: CallNeeds) -> ValueError:
@@ -97,7 +100,11 @@ def _runs(choice: str, needs: CallNeeds) -> Optional[str]:
       return ('the mask is not the causal mask, padding and documents given as such (a cached decoding step\'s, or '
               'another)')
     return None
+  if choice in ('xla', 'cudnn') and needs.softcap:
+    return 'the logits are soft-capped (model.attention_softcap), which jax.nn.dot_product_attention does not do'
   if choice == 'cudnn':
+    if needs.sinks:
+      return 'a sink logit (model.attention_sinks) would reach cuDNN as a materialised B x H x L x L bias'
     if needs.backend != 'gpu':
       return f'cuDNN runs on GPUs and this backend is {needs.backend}'
     if needs.dtype not in HALF_PRECISION:
@@ -147,7 +154,8 @@ def call_needs(request: AttentionRequest, settings: CoreSettings) -> CallNeeds:
       blocks_pay=(request.mask.causal or settings.key_block_size > 0)
       and max(query.shape[1], key.shape[1]) > settings.block_size,
       kernel_serves=positions is None or positions.hooks.kernel_serves(),
-      mask_in_parts=request.mask.given_as_parts, softmax=request.weights_rule is None)
+      mask_in_parts=request.mask.given_as_parts, softmax=request.weights_rule is None,
+      softcap=request.softcap > 0, sinks=request.sink_H is not None)
 
 
 def explicit(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
@@ -159,7 +167,8 @@ def explicit(request: AttentionRequest, settings: CoreSettings) -> AttentionResu
   output, weights = scaled_dot_product_attention(
       request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, mask=request.mask.mask,
       bias=request.logits_term, scale=request.scale, return_weights=True, dropout_rate=settings.dropout_rate,
-      dropout_rng=settings.dropout_rng, deterministic=settings.dropout_rng is None, weights_function=weights_function)
+      dropout_rng=settings.dropout_rng, deterministic=settings.dropout_rng is None, weights_function=weights_function,
+      softcap=request.softcap, sink_H=request.sink_H)
   values_term = request.values_term(weights)
   if values_term is not None:
     output = output + values_term.astype(output.dtype)
@@ -172,9 +181,11 @@ def _fused(implementation: str):
     mask = request.mask
     return AttentionResult(fused_attention(
         request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, mask=mask.mask, bias=request.logits_term,
-        scale=request.scale, implementation=implementation,
-        mask_parts=(mask.causal, mask.key_valid_BxLk) if mask.in_parts and mask.segments_BxL is None else None))
-  core.__doc__ = f'jax.nn.dot_product_attention(implementation={implementation!r}), the mask as its parts.'
+        scale=request.scale, implementation=implementation, sink_H=request.sink_H,
+        mask_parts=(mask.causal, mask.key_valid_BxLk, mask.window)
+        if mask.in_parts and mask.segments_BxL is None and not mask.chunk else None))
+  core.__doc__ = (f'jax.nn.dot_product_attention(implementation={implementation!r}), the mask as its parts (a '
+                  'sliding window as its local_window_size).')
   return core
 
 
@@ -191,7 +202,8 @@ def pallas(request: AttentionRequest, settings: CoreSettings) -> AttentionResult
       term=None if positions is None else positions.hooks.kernel_term(positions.kernel_shared, positions.shared),
       scale=request.scale, block_q=settings.block_size or 128,
       block_k=settings.key_block_size or settings.block_size or 128,
-      platform=kernel_platform(settings.backend)))
+      platform=kernel_platform(settings.backend), window=mask.window if mask.in_parts else 0,
+      chunk=mask.chunk if mask.in_parts else 0, softcap=request.softcap, sink_H=request.sink_H))
 
 
 def _same_known_consecutive_positions(q_positions_BxLq, k_positions_BxLk) -> bool:
@@ -212,7 +224,8 @@ def _banded(request: AttentionRequest, settings: CoreSettings) -> Optional[Atten
   return AttentionResult(banded_attention(
       request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, scale=request.scale,
       window=mask.window, chunk=mask.chunk, block_size=settings.key_block_size or settings.block_size,
-      key_valid_BxL=mask.key_valid_BxLk, segments_BxL=mask.segments_BxL))
+      key_valid_BxL=mask.key_valid_BxLk, segments_BxL=mask.segments_BxL, softcap=request.softcap,
+      sink_H=request.sink_H))
 
 
 def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
@@ -256,7 +269,8 @@ def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionRes
       scale=request.scale,
       skip_future_blocks=causal, logits_term=logits_term, values_term=values_term,
       key_block_size=None if all_keys_at_once else settings.key_block_size or None, band=band,
-      value_offset_HxV=value_offset, first_key=None if all_keys_at_once else request.mask.first_key))
+      value_offset_HxV=value_offset, first_key=None if all_keys_at_once else request.mask.first_key,
+      softcap=request.softcap, sink_H=request.sink_H))
 
 
 def _blockwise_rule(request: AttentionRequest, settings: CoreSettings, logits_term, all_keys_at_once: bool):

@@ -123,13 +123,19 @@ class CoreSettings:
 class AttentionRequest:
   """One attention call: query B x Lq x H x K, key B x Lk x H x K, value B x Lk x H x V (the layout
   of jax.nn.dot_product_attention), the logit scale, the mask, and the positional hooks (None: no
-  position terms, as in cross-attention)."""
+  position terms, as in cross-attention).
+
+  softcap c > 0: every logit (the position term included) capped to c tanh(x / c) before the softmax (Gemma 2);
+  sink_H: a logit per head that joins every row's softmax denominator and reads no value (GPT-OSS's sinks).
+  """
   query_BxLqxHxK: chex.Array
   key_BxLkxHxK: chex.Array
   value_BxLkxHxV: chex.Array
   scale: float
   mask: AttentionMask = AttentionMask()
   positions: Optional[AttentionPositions] = None
+  softcap: float = 0.0
+  sink_H: Optional[chex.Array] = None
 
   def __post_init__(self):
     chex.assert_rank([self.query_BxLqxHxK, self.key_BxLkxHxK, self.value_BxLkxHxV], 4)

@@ -24,6 +24,7 @@ where even one block row of the L x L logits is too much. The result equals soft
 float rounding (tests/test_blockwise.py checks every variant).
 """
 
+import functools
 import math
 from typing import Callable, Optional
 
@@ -32,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.attention import grouped_logits, grouped_output
-from transformer.softmax import masked_fill_value
+from transformer.softmax import masked_fill_value, soft_cap
 
 
 def block_slice(term: Optional[chex.Array], q_slice: slice, k_slice: slice) -> Optional[chex.Array]:
@@ -51,8 +52,9 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
                         values_term: Optional[Callable] = None,
                         key_block_size: Optional[int] = None, band: Optional[int] = None,
                         value_offset_HxV: Optional[chex.Array] = None,
-                        first_key: Optional[Callable[[int], int]] = None) -> chex.Array:
-  """softmax(Q K^T * scale + term) V (+ the values term), block_size queries at a time, over
+                        first_key: Optional[Callable[[int], int]] = None, softcap: float = 0.0,
+                        sink_H: Optional[chex.Array] = None) -> chex.Array:
+  """softmax(cap(Q K^T * scale + term), sink) V (+ the values term), block_size queries at a time, over
   key_block_size keys at a time (None: all the keys the query block may see, in one block).
 
   query B x Lq x H x K, key B x Lk x G x K, value B x Lk x G x V (the layout of
@@ -72,7 +74,9 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   they are.
   first_key(q_start): with skip_future_blocks, the first key a query block starting at q_start may see (a
   sliding window's or a chunk's, which the mask holds): the keys before it are skipped without being computed.
-  A query row whose keys are all masked gets zeros (as scaled_dot_product_attention gives).
+  softcap c > 0: each logit capped to c tanh(x / c); sink_H: a logit per head in every row's denominator, which
+  starts the online softmax (m = s, l = 1, o = 0). A query row whose keys are all masked gets zeros (as
+  scaled_dot_product_attention gives).
   """
   _check_arguments(query, key, value, block_size, key_block_size, skip_future_blocks, band)
   batch, length_q, heads, head_dim = query.shape
@@ -92,21 +96,32 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
     last_key = q_slice.stop if skip_future_blocks else length_k
     start_key = first_key(q_slice.start) if skip_future_blocks and first_key is not None else 0
     blocks = _key_blocks(q_slice.start, last_key, key_block_size, band, start_key)
+    start = None if sink_H is None else _sink_start(sink_H, batch, q_slice.stop - q_slice.start, value.shape[-1])
     outputs.append(_query_block(query[:, q_slice], query_BxHxLqxK[:, :, q_slice], key_BxGxLkxK, value_BxGxLkxV,
-                                q_slice, blocks, mask, logits_term, values_term, value_offset_HxV))
+                                q_slice, blocks, mask, logits_term, values_term, value_offset_HxV, softcap, start))
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
   chex.assert_shape(output, (batch, length_q, heads, value.shape[-1]))
   return output
 
 
+def _sink_start(sink_H: chex.Array, batch: int, block: int, value_dim: int):
+  """The online softmax's state before any key when the sink s_h is in every denominator: m = s, l = exp(s - m)
+  (one, with s's gradient), o = 0."""
+  sink_BxHxbqx1 = jnp.broadcast_to(sink_H.astype(jnp.float32)[None, :, None, None], (batch, len(sink_H), block, 1))
+  running_max = jax.lax.stop_gradient(sink_BxHxbqx1)
+  return running_max, jnp.exp(sink_BxHxbqx1 - running_max), jnp.zeros((batch, len(sink_H), block, value_dim))
+
+
 def _query_block(query_block, query_BxHxbqxK, key_BxGxLkxK, value_BxGxLkxV, q_slice: slice, blocks: list, mask,
-                 logits_term, values_term, value_offset_HxV):
-  """One block of queries over its key blocks ((slice, with terms) pairs): B x H x bq x V, an online softmax."""
-  update = _update_with_weights if values_term is not None else _update
-  running_max = running_sum = accumulator = None  # set by the first key block
+                 logits_term, values_term, value_offset_HxV, softcap: float = 0.0, start=None):
+  """One block of queries over its key blocks ((slice, with terms) pairs): B x H x bq x V, an online softmax
+  from `start` (None: set by the first key block)."""
+  plain = _updates(softcap, with_weights=False)
+  update = _updates(softcap, with_weights=True) if values_term is not None else plain
+  running_max, running_sum, accumulator = start or (None, None, None)
   for k_slice, with_terms in blocks:
     term = logits_term(query_block, q_slice, k_slice) if logits_term is not None and with_terms else None
-    block_update = update if with_terms else _update
+    block_update = update if with_terms else plain
     running_max, running_sum, accumulator, weights = block_update(
         query_BxHxbqxK, key_BxGxLkxK[:, :, k_slice], value_BxGxLkxV[:, :, k_slice], term,
         mask(q_slice, k_slice) if callable(mask) else block_slice(mask, q_slice, k_slice), running_max, running_sum,
@@ -182,13 +197,14 @@ def _add_broadcast_term_backward(term_shape, gradient):
 add_broadcast_term.defvjp(_add_broadcast_term_forward, _add_broadcast_term_backward)
 
 
-def _online_softmax_update(query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, allowed, running_max_BxHxbqx1,
-                           running_sum_BxHxbqx1, accumulator_BxHxbqxV):
+def _online_softmax_update(softcap, query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, allowed,
+                           running_max_BxHxbqx1, running_sum_BxHxbqx1, accumulator_BxHxbqxV):
   """One key block folded into a query block's running (max, sum, output), all heads first (None
   before the first block); also the block's unnormalised weights, which only a values term needs."""
   logits = grouped_logits(query_BxHxbqxK, key_BxGxbkxK)  # the queries come scaled
   if term is not None:
     logits = add_broadcast_term(logits, term.astype(jnp.float32))
+  logits = soft_cap(logits, softcap)
   if allowed is not None:
     allowed = jnp.broadcast_to(allowed, logits.shape)
     logits = jnp.where(allowed, logits, masked_fill_value(jnp.float32))
@@ -208,11 +224,13 @@ def _online_softmax_update(query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, a
   return new_max, running_sum, accumulator, weights
 
 
-# Recomputed in the backward pass rather than stored (as FlashAttention does): the block's logits
-# and weights never stay in memory, only its inputs. With a values term the weights are an output
-# and are kept.
-_update = jax.checkpoint(lambda *args: _online_softmax_update(*args)[:3] + (None,))
-_update_with_weights = jax.checkpoint(_online_softmax_update)
+@functools.lru_cache(maxsize=None)
+def _updates(softcap: float, with_weights: bool) -> Callable:
+  """_online_softmax_update with its cap, recomputed in the backward pass rather than stored (as FlashAttention
+  does): the block's logits and weights never stay in memory, only its inputs. With a values term
+  (with_weights) the weights are an output and are kept."""
+  update = functools.partial(_online_softmax_update, softcap)
+  return jax.checkpoint(update if with_weights else lambda *args: update(*args)[:3] + (None,))
 
 
 def shared_by_query_block(shared, length_q: int, block_size: int) -> Callable:

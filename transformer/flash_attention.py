@@ -80,6 +80,10 @@ class _Static:
   platform: str
   uses_data: bool = False      # the term reads the queries' and keys' data
   group: int = 1               # query heads per key and value head (H / G)
+  window: int = 0              # causal: query i sees keys j > i + offset - window (a sliding window); 0: all
+  chunk: int = 0               # causal: query i sees keys of its chunk, (i + offset) // chunk = j // chunk; 0: all
+  softcap: float = 0.0         # logits capped to c tanh(x / c); 0: none
+  sinks: bool = False          # the parameters' last column is each head's sink logit
 
 
 def _parameters(params_ref, static: _Static):
@@ -100,9 +104,17 @@ def _logits(static: _Static, parameters, q_block, k_block, q_positions_bqx1, k_p
   logits = _dot(q_block, k_block, 1, 1) * static.scale
   if static.function is not None:
     logits = logits + _term(static, parameters, q_positions_bqx1, k_positions_1xbk, q_data_bqx1, k_data_1xbk)
+  if static.softcap:
+    logits = static.softcap * jnp.tanh(logits / static.softcap)
   allowed = k_segments_1xbk == q_segments_bqx1
   if static.causal:
-    allowed = jnp.logical_and(allowed, k_index_1xbk <= q_index_bqx1 + static.causal_offset)
+    last_index_bqx1 = q_index_bqx1 + static.causal_offset
+    allowed = jnp.logical_and(allowed, k_index_1xbk <= last_index_bqx1)
+    if static.window:
+      allowed = jnp.logical_and(allowed, last_index_bqx1 - k_index_1xbk < static.window)
+    if static.chunk:
+      allowed = jnp.logical_and(allowed, jax.lax.div(last_index_bqx1, static.chunk)
+                                == jax.lax.div(k_index_1xbk, static.chunk))
   return jnp.where(allowed, logits, MASKED), allowed
 
 
@@ -114,11 +126,33 @@ def _key_blocks_seen(static: _Static, query_block, num_key_blocks: int):
   return jnp.minimum(jax.lax.div(keys_seen + static.block_k - 1, static.block_k), num_key_blocks)
 
 
+def _first_key_block_seen(static: _Static, query_block):
+  """The first key block a query block sees: 0, or the block of its first query's window or chunk start."""
+  first_query = query_block * static.block_q + static.causal_offset
+  if static.window:
+    return jax.lax.div(jnp.maximum(first_query - static.window + 1, 0), static.block_k)
+  if static.chunk:
+    return jax.lax.div(jax.lax.div(jnp.maximum(first_query, 0), static.chunk) * static.chunk, static.block_k)
+  return 0
+
+
 def _first_query_block_seeing(static: _Static, key_block):
   if not static.causal:
     return 0
   first_query = jnp.maximum(key_block * static.block_k - static.causal_offset, 0)
   return jax.lax.div(first_query, static.block_q)
+
+
+def _query_blocks_seeing(static: _Static, key_block, num_query_blocks: int):
+  """One past the last query block that sees a key block: all of them, or up to its last key's window or chunk."""
+  last_key = key_block * static.block_k + static.block_k - 1
+  if static.window:
+    last_query = last_key + static.window - 1 - static.causal_offset
+  elif static.chunk:
+    last_query = (jax.lax.div(last_key, static.chunk) + 1) * static.chunk - 1 - static.causal_offset
+  else:
+    return num_query_blocks
+  return jnp.clip(jax.lax.div(jnp.maximum(last_query, 0), static.block_q) + 1, 0, num_query_blocks)
 
 
 def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, q_segments_ref, k_positions_ref,
@@ -147,8 +181,11 @@ def _forward_kernel(static: _Static, q_ref, k_ref, v_ref, q_positions_ref, q_seg
 
   start = (jnp.full((block_q, 1), MASKED, jnp.float32), jnp.zeros((block_q, 1), jnp.float32),
            jnp.zeros((block_q, v_ref.shape[1]), jnp.float32))
+  if static.sinks:  # the sink's logit in every denominator from the start: m = s, l = 1
+    sink = params_ref[:, pl.ds(static.num_parameters, 1)]
+    start = (jnp.broadcast_to(sink, (block_q, 1)), jnp.ones((block_q, 1), jnp.float32), start[2])
   running_max, normaliser, accumulated = jax.lax.fori_loop(
-      0, _key_blocks_seen(static, query_block, num_key_blocks), step, start)
+      _first_key_block_seen(static, query_block), _key_blocks_seen(static, query_block, num_key_blocks), step, start)
   seen = normaliser > 0  # a row that sees no key gives zeros, as the explicit softmax does
   out_ref[...] = (accumulated / jnp.where(seen, normaliser, 1.0)).astype(out_ref.dtype)
   logsumexp_ref[...] = jnp.where(seen, running_max + jnp.log(jnp.where(seen, normaliser, 1.0)), 0.0)
@@ -169,6 +206,8 @@ def _block_gradients(static: _Static, parameters, q_block, k_block, v_block, d_o
   weights = jnp.where(allowed, jnp.exp(logits - logsumexp), 0.0)
   d_weights = _dot(d_out_block, v_block, 1, 1)
   d_logits = weights * (d_weights - delta)
+  if static.softcap:  # through the cap: d tanh = 1 - tanh^2, the capped logits being c tanh
+    d_logits = d_logits * jnp.where(allowed, 1.0 - jnp.square(logits / static.softcap), 0.0)
   return weights, d_logits
 
 
@@ -204,7 +243,8 @@ def _key_values_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumex
 
   start = (jnp.zeros(k_block.shape, jnp.float32), jnp.zeros(v_block.shape, jnp.float32),
            [jnp.zeros((1, 1), jnp.float32) for _ in range(static.num_parameters)], jnp.zeros((1, block_k), jnp.float32))
-  d_k, d_v, gradients, d_k_data = jax.lax.fori_loop(_first_query_block_seeing(static, key_block), num_query_blocks,
+  d_k, d_v, gradients, d_k_data = jax.lax.fori_loop(_first_query_block_seeing(static, key_block),
+                                                    _query_blocks_seeing(static, key_block, num_query_blocks),
                                                     step, start)
   d_k_ref[...] = d_k.astype(d_k_ref.dtype)
   d_v_ref[...] = d_v.astype(d_v_ref.dtype)
@@ -238,7 +278,8 @@ def _query_kernel(static: _Static, q_ref, k_ref, v_ref, d_out_ref, logsumexp_ref
       d_q_data = d_q_data + _term_vjp(static, parameters, q_positions, k_positions, q_data, k_data, d_logits)[1]
     return d_q + _dot(d_logits.astype(k_block.dtype), k_block, 1, 0) * static.scale, d_q_data
 
-  d_q, d_q_data = jax.lax.fori_loop(0, _key_blocks_seen(static, query_block, num_key_blocks), step,
+  d_q, d_q_data = jax.lax.fori_loop(_first_key_block_seen(static, query_block),
+                                    _key_blocks_seen(static, query_block, num_key_blocks), step,
                                     (jnp.zeros(q_block.shape, jnp.float32), jnp.zeros((block_q, 1), jnp.float32)))
   d_q_ref[...] = d_q.astype(d_q_ref.dtype)
   d_q_data_ref[...] = d_q_data
@@ -332,12 +373,12 @@ def _flash_backward(static: _Static, residuals, d_out):
   q, k, v, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data, out, logsumexp = residuals
   batch, heads, length_q, head_dim = q.shape
   length_k, value_dim = k.shape[2], v.shape[3]
-  num_parameters = params.shape[-1]
+  num_parameters = static.num_parameters
   delta = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
   d_out = d_out.astype(q.dtype)
   num_key_blocks = length_k // static.block_k
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
-      static, length_q, length_k, head_dim, value_dim, num_parameters, 'key')
+      static, length_q, length_k, head_dim, value_dim, params.shape[-1], 'key')
   q_stats = _whole(length_q, 1)
   key_values = _call(
       _key_values_kernel, static, (batch, heads, num_key_blocks),
@@ -353,7 +394,7 @@ def _flash_backward(static: _Static, residuals, d_out):
   inputs = (q, k, v, d_out, logsumexp, delta, q_positions, q_segments, k_positions, k_segments, params, q_data, k_data)
   d_k, d_v, d_params, d_k_data = key_values(*inputs)
   q_rows, k_rows, v_rows, q_pos_spec, k_line, params_spec, q_data_spec, k_data_spec = _inputs_specs(
-      static, length_q, length_k, head_dim, value_dim, num_parameters, 'query')
+      static, length_q, length_k, head_dim, value_dim, params.shape[-1], 'query')
   q_stats = _rows(static.block_q, 1)
   queries = _call(
       _query_kernel, static, (batch, heads, length_q // static.block_q),
@@ -362,7 +403,12 @@ def _flash_backward(static: _Static, residuals, d_out):
       [_rows(static.block_q, head_dim), _rows(static.block_q, 1)],
       [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(q_data.shape, jnp.float32)])
   d_q, d_q_data = queries(*inputs)
-  d_params_Hx1xA = jnp.sum(d_params, axis=(0, 2)).astype(params.dtype)
+  d_params_Hx1xA = jnp.sum(d_params, axis=(0, 2))
+  if static.sinks:  # dL/ds_h = -sum_i exp(s_h - lse_i) delta_i: the sink's weight times each row's dO . O
+    sink_Hx1x1 = params[:, :, num_parameters:]
+    d_sink_Hx1x1 = -jnp.sum(jnp.exp(sink_Hx1x1[None] - logsumexp) * delta, axis=(0, 2))[:, :, None]
+    d_params_Hx1xA = jnp.concatenate([d_params_Hx1xA, d_sink_Hx1x1], axis=-1)
+  d_params_Hx1xA = d_params_Hx1xA.astype(params.dtype)
   groups = k.shape[1]  # each key and value head's gradient: the sum over the query heads of its group
   d_k = jnp.sum(d_k.reshape(batch, groups, static.group, length_k, head_dim), axis=2).astype(k.dtype)
   d_v = jnp.sum(d_v.reshape(batch, groups, static.group, length_k, value_dim), axis=2).astype(v.dtype)
@@ -397,24 +443,32 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
                     q_positions_BxLq: Optional[chex.Array] = None, k_positions_BxLk: Optional[chex.Array] = None,
                     q_segments_BxLq: Optional[chex.Array] = None, k_segments_BxLk: Optional[chex.Array] = None,
                     term: Optional[KernelTerm] = None, scale: Optional[float] = None, block_q: int = 128,
-                    block_k: int = 128, platform: str = 'interpret') -> chex.Array:
-  """softmax(Q K^T scale + t(positions)) V in blocks, B x Lq x H x V (the layout of the other cores); keys and
-  values B x Lk x G x K with G dividing H, query head h reading head h // (H / G).
+                    block_k: int = 128, platform: str = 'interpret', window: int = 0, chunk: int = 0,
+                    softcap: float = 0.0, sink_H: Optional[chex.Array] = None) -> chex.Array:
+  """softmax(cap(Q K^T scale + t(positions)), sink) V in blocks, B x Lq x H x V (the layout of the other cores);
+  keys and values B x Lk x G x K with G dividing H, query head h reading head h // (H / G).
 
-  causal: query i sees keys j <= i + Lk - Lq. key_valid_BxLk: True for real keys (padding False).
+  causal: query i sees keys j <= i + Lk - Lq; with window W also j > i + Lk - Lq - W, with chunk C only the keys
+  of its chunk (by index), the key blocks outside never visited. key_valid_BxLk: True for real keys (padding False).
   Positions default to 0..L-1 (B may be 1). Segments (non-negative document ids, given together; None:
-  one document): a query sees only the keys of its own document, as in rows that pack several. A row
+  one document): a query sees only the keys of its own document, as in rows that pack several. softcap c > 0:
+  logits c tanh(x / c); sink_H: a logit per head in every denominator (the online softmax starts from it). A row
   that sees no key gives zeros. Lengths are padded to whole blocks and the head width to a power of two
   (Triton's blocks), and cut back after."""
   if platform not in PLATFORMS:
     raise ValueError(f'platform: got {platform!r}; valid: {", ".join(PLATFORMS)}')
+  if (window or chunk) and not causal:
+    raise ValueError(f'window, chunk: got {window}, {chunk} in bidirectional attention; valid: 0 (the kernel\'s '
+                     'windows and chunks are causal)')
   chex.assert_rank([query_BxLqxHxK, key_BxLkxHxK, value_BxLkxHxV], 4)
   chex.assert_equal_shape_prefix([key_BxLkxHxK, value_BxLkxHxV], 3)
   batch, length_q, heads, head_dim = query_BxLqxHxK.shape
   length_k, value_dim = key_BxLkxHxK.shape[1], value_BxLkxHxV.shape[3]
   chex.assert_shape(key_BxLkxHxK, (batch, length_k, None, head_dim))
   group = check_groups(heads, key_BxLkxHxK.shape[2])
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+  if (q_segments_BxLq is None) != (k_segments_BxLk is None):
+    raise ValueError('q_segments_BxLq, k_segments_BxLk: the queries\' and the keys\' documents come together; '
+                     'valid: both or neither')
   block_q, block_k = _block_sizes(platform, block_q, block_k, length_q, length_k)
   padded_q = -(-length_q // block_q) * block_q
   padded_k = -(-length_k // block_k) * block_k
@@ -423,41 +477,48 @@ def flash_attention(query_BxLqxHxK: chex.Array, key_BxLkxHxK: chex.Array, value_
   def heads_first(x, length, feature):  # B x L x H x F -> B x H x L' x F', zero padded
     return _pad_to(_pad_to(jnp.transpose(x, (0, 2, 1, 3)), 2, length), 3, feature)
 
-  def positions(given, length, padded):
-    given = jnp.arange(length, dtype=jnp.int32)[None] if given is None else jnp.asarray(given)
-    chex.assert_shape(given, (None, length))
-    return _pad_to(jnp.broadcast_to(given, (batch, length)).astype(jnp.float32), 1, padded)
-
-  if (q_segments_BxLq is None) != (k_segments_BxLk is None):
-    raise ValueError('q_segments_BxLq, k_segments_BxLk: the queries\' and the keys\' documents come together; '
-                     'valid: both or neither')
-
-  def segments(given, length, padded):  # B x L' float32; 0 (one document) when not given
-    given = jnp.zeros((1, length), jnp.int32) if given is None else jnp.asarray(given)
-    chex.assert_shape(given, (None, length))
-    return _pad_to(jnp.broadcast_to(given, (batch, length)).astype(jnp.float32), 1, padded)
-
-  key_valid = jnp.ones((batch, length_k), bool) if key_valid_BxLk is None else (
-      jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(bool))
-  # a key's document, -1 for padding (the caller's and the blocks'), which no query's document matches
-  k_segments = jnp.where(_pad_to(key_valid, 1, padded_k), segments(k_segments_BxLk, length_k, padded_k), -1.0)
   params_Hx1xA, uses_data = _term_parameters(term, heads)
-
-  def data(given, length, padded):  # B x H x L' float32, zeros without data
-    if not uses_data:
-      return jnp.zeros((batch, heads, padded), jnp.float32)
-    chex.assert_shape(given, (batch, heads, length))
-    return _pad_to(given.astype(jnp.float32), 2, padded)
-  static = _Static(block_q, block_k, causal, length_k - length_q, scale, None if term is None else term.function,
-                   params_Hx1xA.shape[-1], platform, uses_data, group)
+  static = _Static(block_q, block_k, causal, length_k - length_q, 1.0 / math.sqrt(head_dim) if scale is None
+                   else float(scale), None if term is None else term.function, params_Hx1xA.shape[-1], platform,
+                   uses_data, group, window, chunk, softcap, sink_H is not None)
+  if sink_H is not None:
+    chex.assert_shape(sink_H, (heads,))
+    params_Hx1xA = jnp.concatenate([params_Hx1xA, sink_H.astype(jnp.float32)[:, None, None]], axis=-1)
+  lines = _lines(batch, heads, (length_q, padded_q), (length_k, padded_k), q_positions_BxLq, k_positions_BxLk,
+                 q_segments_BxLq, k_segments_BxLk, key_valid_BxLk, term if uses_data else None)
   out_BxHxLqxV = _flash(static, heads_first(query_BxLqxHxK, padded_q, width),
                         heads_first(key_BxLkxHxK, padded_k, width), heads_first(value_BxLkxHxV, padded_k, value_width),
-                        positions(q_positions_BxLq, length_q, padded_q)[:, :, None],
-                        segments(q_segments_BxLq, length_q, padded_q)[:, :, None],
-                        positions(k_positions_BxLk, length_k, padded_k)[:, None, :], k_segments[:, None, :],
-                        params_Hx1xA,
-                        data(None if term is None else term.q_data_BxHxLq, length_q, padded_q)[..., None],
-                        data(None if term is None else term.k_data_BxHxLk, length_k, padded_k)[:, :, None, :])
+                        *lines[:4], params_Hx1xA, *lines[4:])
   out_BxLqxHxV = jnp.transpose(out_BxHxLqxV[:, :, :length_q, :value_dim], (0, 2, 1, 3))
   chex.assert_shape(out_BxLqxHxV, (batch, length_q, heads, value_dim))
   return out_BxLqxHxV
+
+
+def _lines(batch: int, heads: int, queries: tuple, keys: tuple, q_positions_BxLq, k_positions_BxLk, q_segments_BxLq,
+           k_segments_BxLk, key_valid_BxLk, term: Optional[KernelTerm]):
+  """The kernels' per-token lines, padded to whole blocks (queries and keys: (length, padded length)): the queries'
+  positions and segments B x Lq' x 1, the keys' B x 1 x Lk' (a padding key's segment -1, which no query's
+  matches), and the term's data per query and key B x H x Lq' x 1, B x H x 1 x Lk' (zeros without data)."""
+  (length_q, padded_q), (length_k, padded_k) = queries, keys
+
+  def line(given, length, padded, default):  # B x L' float32
+    given = default(length) if given is None else jnp.asarray(given)
+    chex.assert_shape(given, (None, length))
+    return _pad_to(jnp.broadcast_to(given, (batch, length)).astype(jnp.float32), 1, padded)
+  positions = lambda length: jnp.arange(length, dtype=jnp.int32)[None]
+  one_document = lambda length: jnp.zeros((1, length), jnp.int32)
+  key_valid = jnp.ones((batch, length_k), bool) if key_valid_BxLk is None else (
+      jnp.broadcast_to(key_valid_BxLk, (batch, length_k)).astype(bool))
+  k_segments = jnp.where(_pad_to(key_valid, 1, padded_k), line(k_segments_BxLk, length_k, padded_k, one_document),
+                         -1.0)
+
+  def data(given, length, padded):  # B x H x L' float32, zeros without data
+    if term is None:
+      return jnp.zeros((batch, heads, padded), jnp.float32)
+    chex.assert_shape(given, (batch, heads, length))
+    return _pad_to(given.astype(jnp.float32), 2, padded)
+  return (line(q_positions_BxLq, length_q, padded_q, positions)[:, :, None],
+          line(q_segments_BxLq, length_q, padded_q, one_document)[:, :, None],
+          line(k_positions_BxLk, length_k, padded_k, positions)[:, None, :], k_segments[:, None, :],
+          data(None if term is None else term.q_data_BxHxLq, length_q, padded_q)[..., None],
+          data(None if term is None else term.k_data_BxHxLk, length_k, padded_k)[:, :, None, :])

@@ -13,9 +13,10 @@ import math
 from typing import Optional
 
 import chex
+import jax
 import jax.numpy as jnp
 
-from transformer.softmax import masked_fill_value
+from transformer.softmax import masked_fill_value, soft_cap
 
 
 def _shifted_blocks(array_BxLx___, blocks: int, block: int, previous: int):
@@ -28,10 +29,11 @@ def _shifted_blocks(array_BxLx___, blocks: int, block: int, previous: int):
 
 def banded_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, scale: float, window: int = 0,
                      chunk: int = 0, block_size: int = 128, key_valid_BxL: Optional[chex.Array] = None,
-                     segments_BxL: Optional[chex.Array] = None) -> chex.Array:
+                     segments_BxL: Optional[chex.Array] = None, softcap: float = 0.0,
+                     sink_H: Optional[chex.Array] = None) -> chex.Array:
   """query B x L x H x K, key B x L x G x K, value B x L x G x V (query head h reads key head h // (H / G)), the
   same positions: causal attention within a window of W keys (the query and the W - 1 before it) or a chunk of C
-  positions. B x L x H x V."""
+  positions. B x L x H x V. softcap c > 0: logits c tanh(x / c); sink_H: a logit per head in every denominator."""
   chex.assert_rank([query, key, value], 4)
   chex.assert_equal_shape_prefix([query, key, value], 2)
   if bool(window) == bool(chunk):
@@ -69,10 +71,15 @@ def banded_attention(query: chex.Array, key: chex.Array, value: chex.Array, *, s
     key_segments_BxNxbk = keys_side(segments_BxL, -2)
     same = query_segments_BxNxbq[:, :, :, None] == key_segments_BxNxbk[:, :, None, :]
     allowed = jnp.logical_and(allowed, same[:, :, None, None])
-  logits = jnp.where(allowed, logits, masked_fill_value(jnp.float32))
-  maximum = jnp.max(logits, axis=-1, keepdims=True)
+  logits = jnp.where(allowed, soft_cap(logits, softcap), masked_fill_value(jnp.float32))
+  maximum = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  sink = None if sink_H is None else sink_H.astype(jnp.float32).reshape(1, 1, groups, heads // groups, 1, 1)
+  if sink is not None:
+    maximum = jnp.maximum(maximum, jax.lax.stop_gradient(sink))
   weights = jnp.where(allowed, jnp.exp(logits - maximum), 0.0)
   total = jnp.sum(weights, axis=-1, keepdims=True)
+  if sink is not None:
+    total = total + jnp.exp(sink - maximum)
   weights = weights / jnp.where(total > 0, total, 1.0)
   output = jnp.einsum('bngrqs,bnsgv->bnqgrv', weights, value_BxNxbkxGxV.astype(jnp.float32))
   output = output.reshape(batch, padded, heads, value.shape[-1])[:, :length].astype(value.dtype)
