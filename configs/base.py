@@ -79,6 +79,10 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.attention_chunk_size = 0  # C: a chunked layer's query sees its own chunk of C positions (decoders)
   config.model.qk_norm = 'none'        # RMSNorm of queries and keys: 'head' (Qwen3, Gemma 3), 'projection' (OLMo 2)
   config.model.final_logit_softcap = 0.0  # c > 0: output logits c tanh(x / c) (Gemma 2)
+  config.model.attention_softcap = 0.0  # c > 0: attention logits c tanh(x / c) (Gemma 2)
+  config.model.attention_sinks = False  # a learned sink logit per head and layer in every softmax (GPT-OSS)
+  config.model.query_scale = 0.0       # > 0: attention logits times its inverse square root (Gemma); 0: 1/sqrt(head)
+  config.model.sandwich_norm = False   # a norm after each sublayer too, x + LN'(F(LN(x))) (Gemma 2, 3); pre-LN
   config.model.remat = 'none'          # recompute layer activations in the backward pass: 'block' (all) or 'matmuls'
   #                                      (all but the matmuls' outputs); less memory, more time
   config.model.compute_dtype = 'float32'  # or 'bfloat16' (parameters, softmax, norms and logits stay float32)
@@ -94,6 +98,9 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.position.max_length = 256     # learned tables' rows (learned, tupe with a learned table)
   # Every other setting of a variant has its default in the variant's file (transformer/positions/) and is
   # set as --config.model.position.FIELD=VALUE; a run reads and records only its own variant's settings.
+  config.model.local_position = ml_collections.ConfigDict()
+  config.model.local_position.kind = ''  # the sliding and chunked layers' variant ('': model.position's), its
+  #                                        settings as --config.model.local_position.FIELD=VALUE (Gemma 3's base)
 
 
 def _add_train(config: ml_collections.ConfigDict) -> None:

@@ -66,7 +66,7 @@ _PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', list(windows.PROTOCOLS), 'w
 _STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction of the window length, in (0, 1).')
 _POSITION = flags.DEFINE_string('position', '', 'FIELD=VALUE,... set on every run\'s model.position at evaluation: '
                                 'the analogues for other variants, e.g. interpolation_factor=4 (sinusoidal, learned) '
-                                'or temperature_scale=0.1,temperature_floor=128 (none).')
+                                'or temperature_scale=0.1,temperature_floor=128 (Llama 4\'s temperature, any variant).')
 _ROPE_SCALING = flags.DEFINE_string('rope_scaling', None, 'A Hugging Face config.json whose rope_scaling holds '
                                     'LongRoPE\'s factors, for --extension=longrope (experiments/evaluation/rope_scaling.py).')
 _TOKENS = flags.DEFINE_integer('tokens', 65536, 'Score the first this many tokens of the held-out stream.',

@@ -81,7 +81,7 @@ CASES = [
   ('evaluate', ['experiments.evaluate', f'--collect={H}/nothing', '--lengths=32'], [H]),
   ('evaluate', ['experiments.evaluate', f'--workdir={H}/rope,{H}/copy', '--lengths=32', '--tokens=500'], [H]),
   ('evaluate', ['experiments.evaluate', f'--workdir={H}/rope', '--lengths=32', '--tokens=600', '--name=taken'], [H]),
-  ('evaluate', ['experiments.evaluate', f'--workdir={H}/rope', '--position=temperature_scale=0.1'], [H]),
+  ('evaluate', ['experiments.evaluate', f'--workdir={H}/rope', '--position=interpolation_factor=2'], [H]),
   ('evaluate', ['experiments.evaluate', f'--workdir={H}/sinus', '--position=interpolation_factor=0'], [H]),
   ('evaluate', ['experiments.evaluate', f'--workdir={H}/sinus', '--position=interpolation_factor=2,interpolation_factor=3'], [H]),
   ('evaluate', ['experiments.evaluate', f'--workdir={H}/rope', '--output=/etc/hostname/x'], [H]),

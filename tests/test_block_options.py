@@ -217,7 +217,7 @@ def test_the_final_logit_softcap_is_c_tanh_of_the_logits():
   capped = np.asarray(T.DecoderOnly(config.replace(final_logit_softcap=3.0)).apply(variables, tokens))
   assert np.abs(capped).max() < 3.0 < np.abs(logits).max()
   np.testing.assert_allclose(capped, 3.0 * np.tanh(logits / 3.0), atol=1e-4, rtol=1e-4)
-  with pytest.raises(ValueError, match=r'final_logit_softcap: got -1.0; valid: a number >= 0'):
+  with pytest.raises(ValueError, match=r'final_logit_softcap: got -1.0; valid: a finite number >= 0'):
     config.replace(final_logit_softcap=-1.0)
   with pytest.raises(ValueError, match=r"qk_norm: got 'layer'; valid: none, head, projection"):
     config.replace(qk_norm='layer')

@@ -265,15 +265,16 @@ def test_learned_interpolation_reads_rows_and_the_midpoints_between_them():
 
 
 @pytest.mark.slow
-def test_nope_temperature_of_llama4_worked_by_hand():
+@pytest.mark.parametrize('kind', ['none', 'rope', 'alibi'])  # a setting of every variant (Llama 4's NoPE layers)
+def test_the_temperature_of_llama4_worked_by_hand(kind):
   """1 + 0.1 ln(floor((i + 1) / 4) + 1): 1 for i < 3, 1 + 0.1 ln 2 for i = 3..6, 1 + 0.1 ln 4 at i = 11."""
   expected = [1.0, 1.0, 1.0, 1.0 + 0.1 * math.log(2), 1.0 + 0.1 * math.log(2), 1.0 + 0.1 * math.log(4)]
-  got = T.positions.none.query_temperature(jnp.array([[0, 1, 2, 3, 6, 11]]), 0.1, 4)
+  got = T.positions.temperature.query_temperature(jnp.array([[0, 1, 2, 3, 6, 11]]), 0.1, 4)
   np.testing.assert_allclose(got[0], expected, rtol=1e-6)
   inputs = tokens(2, 6)
-  plain = T.DecoderOnly(tiny('none'))
+  plain = T.DecoderOnly(tiny(kind))
   params = init(plain, inputs)
-  tempered = T.DecoderOnly(tiny('none', position=dict(temperature_scale=0.1, temperature_floor=4)))
+  tempered = T.DecoderOnly(tiny(kind, position=dict(temperature_scale=0.1, temperature_floor=4)))
   np.testing.assert_array_equal(tempered.apply(params, inputs)[:, :3], plain.apply(params, inputs)[:, :3])
   assert not np.allclose(tempered.apply(params, inputs)[:, 3:], plain.apply(params, inputs)[:, 3:], atol=1e-4)
-  assert not T.PositionConfig('none', temperature_scale=0.1).shift_invariant
+  assert not T.PositionConfig(kind, temperature_scale=0.1).shift_invariant

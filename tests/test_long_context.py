@@ -216,8 +216,8 @@ def test_another_variants_analogue_is_set_at_evaluation(tmp_path):
       workdir, [32], _request(position_overrides=(('interpolation_factor', 2),)), log=lambda line: None)
   assert directory.endswith('none-interpolation_factor2-sliding0.5-600')
   assert interpolated[32]['bits_per_character'] != plain[32]['bits_per_character']
-  with pytest.raises(ValueError, match='temperature_scale.*not a setting of sinusoidal'):
-    long_context.evaluate_run(workdir, [32], _request(position_overrides=(('temperature_scale', 0.1),)))
+  with pytest.raises(ValueError, match='rope_base.*not a setting of sinusoidal'):
+    long_context.evaluate_run(workdir, [32], _request(position_overrides=(('rope_base', 500.0),)))
 
 
 def test_position_bands_run_to_the_training_length_then_double():

@@ -122,7 +122,8 @@ def test_a_run_reads_and_records_only_its_own_variants_settings():
   overrides = {'model.position.kind': 'shaw', 'model.position.rope_base': 500.0, 'model.position.clip_distance': 3}
   experiment = settings.from_config_dict(with_overrides(smoke.get_config(), overrides), 8)
   assert settings.to_dict(experiment)['model']['position'] == {'kind': 'shaw', 'clip_distance': 3, 'per_head': False,
-                                                                'ssmax': False, 'ssmax_initial_scale': 0.43}
+                                                                'ssmax': False, 'ssmax_initial_scale': 0.43,
+                                                                'temperature_scale': 0.0, 'temperature_floor': 8192}
 
 
 def test_t5_buckets_are_checked_for_the_attention_the_model_has():

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.attention_request import AttentionMask, AttentionPositions
-from transformer.config import ModelConfig
+from transformer.config import ModelConfig, PositionConfig
 from transformer.layers import Dropout, FeedForward, batch_split, norm_layer
 from transformer.masks import causal_mask, cross_attention_mask, segment_mask, self_attention_mask, window_mask
 from transformer.multi_head_attention import MultiHeadAttention
@@ -22,11 +22,18 @@ from transformer.positions.base import Shared
 from transformer.positions.randomized import randomized_positions
 
 
-def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, **layer) -> dict:
-  """The fields of a stack's hooks; a layer's also get its layer_index."""
-  config.position.check_attention(config.num_heads, config.head_dim, causal)
-  return dict(settings=config.position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
+def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, position: PositionConfig = None,
+                 **layer) -> dict:
+  """The fields of a stack's hooks for `position` (None: model.position); a layer's also get its layer_index."""
+  position = position or config.position
+  position.check_attention(config.num_heads, config.head_dim, causal)
+  return dict(settings=position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
               model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls, **layer)
+
+
+def _position_name(config: ModelConfig, index: int) -> str:
+  """Which of the stack's positions layer `index` takes: 'local_position' or 'position' (ModelConfig.layer_position)."""
+  return 'position' if config.layer_position(index) is config.position else 'local_position'
 
 
 # What a rematerialised layer keeps for its backward pass (jax.checkpoint policies). 'block': only its input,
@@ -43,11 +50,16 @@ class _Residual(nn.Module):
 
   @nn.compact
   def __call__(self, x, sublayer, deterministic: bool, add_input: bool = True):
-    """add_input False (pre-LN only): Dropout(Sublayer(LN(x))) alone, one branch of a parallel residual."""
-    norm = norm_layer(self.config.norm_type, self.config.layer_norm_eps)
-    drop = Dropout(self.config.dropout_rate)
-    if self.config.norm == 'pre':
-      branch = drop(sublayer(norm(x)), deterministic)
+    """add_input False (pre-LN only): Dropout(Sublayer(LN(x))) alone, one branch of a parallel residual. With
+    model.sandwich_norm (pre-LN): x + Dropout(LN'(Sublayer(LN(x)))), LN' with a scale of its own (Gemma 2, 3)."""
+    config = self.config
+    norm = norm_layer(config.norm_type, config.layer_norm_eps)
+    drop = Dropout(config.dropout_rate)
+    if config.norm == 'pre':
+      output = sublayer(norm(x))
+      if config.sandwich_norm:
+        output = norm_layer(config.norm_type, config.layer_norm_eps, name='output_norm')(output)
+      branch = drop(output, deterministic)
       return x + branch if add_input else branch
     return norm(x + drop(sublayer(x), deterministic))
 
@@ -58,6 +70,17 @@ def sequence_length_of(positions_BxL: chex.Array, valid_BxL: Optional[chex.Array
   if valid_BxL is not None:
     positions_BxL = jnp.where(valid_BxL, positions_BxL, -1)
   return 1 + jnp.max(positions_BxL)
+
+
+def attention_fields(config: ModelConfig) -> dict:
+  """MultiHeadAttention's fields from the model's configuration."""
+  return dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads,
+              dropout_rate=config.attention_dropout_rate,
+              block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
+              implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
+              out_bias=config.use_bias or config.attention_output_bias, qk_norm=config.qk_norm,
+              qk_norm_eps=config.layer_norm_eps, softcap=config.attention_softcap, sinks=config.attention_sinks,
+              query_scale=config.query_scale)
 
 
 class TransformerLayer(nn.Module):
@@ -86,16 +109,12 @@ class TransformerLayer(nn.Module):
     config, deterministic = self.config, self.deterministic
     key_positions_BxLk = positions_BxL if key_positions_BxLk is None else key_positions_BxLk
     cache = dict(use_cache=use_cache, cache_index=cache_index)
-    hooks = config.position.variant.layer(
-        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, layer_index=self.layer_index,
+    position = config.layer_position(self.layer_index)
+    hooks = position.variant.layer(
+        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, position, layer_index=self.layer_index,
                        num_kv_heads=config.key_value_heads),
         name='position')
-    attention = dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads,
-                     dropout_rate=config.attention_dropout_rate,
-                     block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
-                     implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,
-                     out_bias=config.use_bias or config.attention_output_bias, qk_norm=config.qk_norm,
-                     qk_norm_eps=config.layer_norm_eps)
+    attention = attention_fields(config)
     self_attention = MultiHeadAttention(**attention, name='self_attention')
     self_positions = AttentionPositions(hooks, positions_BxL, key_positions_BxLk, shared, kernel_shared,
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
@@ -143,7 +162,8 @@ class TransformerLayer(nn.Module):
     local = dict(window=config.sliding_window if kind == 'sliding' else 0,
                  chunk=config.attention_chunk_size if kind == 'chunked' and segments_BxL is None else 0
                  ) if self.causal and full_pass else {}
-    return AttentionMask(self_mask, causal=self.causal and full_pass, in_parts=full_pass and kind == 'full', **local,
+    in_parts = full_pass and (kind == 'full' or any(local.values()))  # a packed row's chunks: not as parts
+    return AttentionMask(self_mask, causal=self.causal and full_pass, in_parts=in_parts, **local,
                          key_valid_BxLk=valid_BxL if full_pass else None,
                          segments_BxL=segments_BxL if full_pass else None)
 
@@ -189,35 +209,44 @@ class TransformerStack(nn.Module):
     packed = positions_BxL is not None or segments_BxL is not None
     positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._stack_positions(
         x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache)
-    hooks = config.position.variant.stack(
-        **_hook_fields(config, self.num_layers, self.causal, self.has_cls), name='position')
-    x_BxLxD = batch_split(hooks.embed(x_BxLxD, positions_BxL).astype(config.dtype))  # a float32 table would promote
+    stacks = {name: position.variant.stack(
+        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, position), name=name)
+              for name, position in (('position', config.position), ('local_position', config.local_position))
+              if position is not None}
+    # a float32 table would promote
+    x_BxLxD = batch_split(stacks['position'].embed(x_BxLxD, positions_BxL).astype(config.dtype))
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
-    # The Pallas kernel computes the terms from kernel_shared: the stack's whole-call terms would go unused.
-    pallas = config.attention_implementation == 'pallas'
-    shared = None if pallas else hooks.shared(positions_BxL, key_positions_BxLk)
-    kernel_shared = hooks.kernel_shared()
     self_mask = cached_mask if cache_index is not None else self._self_mask(valid_BxL, length, segments_BxL)
-    if packed and not pallas:
-      shared = hooks.masked(shared, self_mask)
+    terms = {name: self._stack_terms(hooks, positions_BxL, key_positions_BxLk, self_mask if packed else None)
+             for name, hooks in stacks.items()}
     memory_mask = None if not self.cross_attention else self._memory_mask(
         memory_BxLsxD, memory_valid_BxLs, key_positions_BxLk.shape[1], None if cache_index is None else self_mask)
     layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
         TransformerLayer, policy=REMAT_SAVES[config.remat])
     cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
                                                 cache_index=cache_index)
-    mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, kernel_shared=kernel_shared,
-                        segments_BxL=segments_BxL)
+    mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, segments_BxL=segments_BxL)
     for index in range(self.num_layers):
       layer_mask = self._layer_mask(index, self_mask, positions_BxL, key_positions_BxLk)
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                          deterministic=deterministic, layer_index=index, name=f'layer_{index}')
+      shared, kernel_shared = terms[_position_name(config, index)]
       x_BxLxD = batch_split(layer(x_BxLxD, self_mask=layer_mask, positions_BxL=positions_BxL, shared=shared,
-                                  memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, **cached_step, **mask_sources))
+                                  memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, kernel_shared=kernel_shared,
+                                  **cached_step, **mask_sources))
     if config.norm == 'pre':
       x_BxLxD = norm_layer(config.norm_type, config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _stack_terms(self, hooks, positions_BxL, key_positions_BxLk, packed_mask):
+    """(shared, kernel_shared) of one of the stack's positions: the terms every layer of its kind reads, masked to
+    the packed documents (packed_mask given). The Pallas kernel computes the terms from kernel_shared: the
+    whole-call terms would go unused there."""
+    if self.config.attention_implementation == 'pallas':
+      return None, hooks.kernel_shared()
+    shared = hooks.shared(positions_BxL, key_positions_BxLk)
+    return shared if packed_mask is None else hooks.masked(shared, packed_mask), hooks.kernel_shared()
 
   def _stack_positions(self, x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache: bool):
     """(query positions, key positions, cache index, a cached step's mask): a packed row's own, 0 .. L-1 or

@@ -1,6 +1,7 @@
 """Frozen dataclasses that the library takes, validated on construction, and model presets."""
 
 import dataclasses
+import math
 from typing import Optional
 
 import jax.numpy as jnp
@@ -115,6 +116,13 @@ class ModelConfig:
   qk_norm: str = 'none'              # RMSNorm of queries and keys before the rotation: 'head' (each head's width:
   #                                    Qwen3, Gemma 3), 'projection' (the whole projection: OLMo 2) or 'none'
   final_logit_softcap: float = 0.0   # c > 0: output logits c tanh(x / c) (Gemma 2); 0: none
+  attention_softcap: float = 0.0     # c > 0: attention logits c tanh(x / c) before the softmax (Gemma 2); 0: none
+  attention_sinks: bool = False      # a learned logit per head and layer in every softmax denominator (GPT-OSS)
+  query_scale: float = 0.0           # > 0: attention logits scaled by its inverse square root (Gemma's
+  #                                    query_pre_attn_scalar); 0: 1/sqrt(head width)
+  sandwich_norm: bool = False        # pre-LN with a norm after each sublayer too: x + LN'(F(LN(x))) (Gemma 2, 3)
+  local_position: Optional[PositionConfig] = None  # the position of the sliding and chunked layers; None:
+  #                                    model.position (Gemma 3: RoPE base 1e4 local, 1e6 global)
 
   def __post_init__(self):
     for name in ('vocab_size', 'model_dim', 'num_heads', 'feed_forward_dim', 'num_outputs'):
@@ -142,8 +150,12 @@ class ModelConfig:
             self.attention_implementation, ', '.join(IMPLEMENTATIONS))
     self._check_layer_types()
     require(self.qk_norm in QK_NORMS, 'qk_norm', self.qk_norm, ', '.join(QK_NORMS))
-    require(self.final_logit_softcap >= 0.0, 'final_logit_softcap', self.final_logit_softcap,
-            'a number >= 0 (0: no cap)')
+    for name in ('final_logit_softcap', 'attention_softcap', 'query_scale'):
+      value = getattr(self, name)
+      require(math.isfinite(value) and value >= 0.0, name, value, 'a finite number >= 0 (0: off)')
+    require(not self.sandwich_norm or self.norm == 'pre', 'sandwich_norm', self.sandwich_norm,
+            f"False with norm='{self.norm}' (the sandwich adds a norm after each sublayer of a pre-LN block)")
+    self._check_local_position()
     rows = self.position.settings.longest_sequence()
     require(rows is None or self.randomized_max_length <= rows, 'randomized_max_length', self.randomized_max_length,
             f'0 (off) or at most position.max_length={rows}, the rows of the {self.position.kind} table that '
@@ -161,6 +173,25 @@ class ModelConfig:
             self.attention_chunk_size, f'a positive number of positions with layer_types={self.layer_types!r}')
     require(types == ('full',) or not self.randomized_max_length, 'randomized_max_length', self.randomized_max_length,
             f'0 with layer_types={self.layer_types!r} (a window counts positions, and randomized ones skip some)')
+
+  def _check_local_position(self):
+    if self.local_position is None:
+      return
+    require(isinstance(self.local_position, PositionConfig), 'local_position', self.local_position,
+            'a PositionConfig, or None (the local layers take model.position)')
+    require(self.layer_type_cycle != ('full',), 'local_position', self.local_position.kind,
+            f'None with layer_types={self.layer_types!r} (no layer is sliding or chunked)')
+    for name, position in (('position', self.position), ('local_position', self.local_position)):
+      require(not position.variant.embeds, f'{name}.kind', position.kind,
+              'with model.local_position, a variant that does not add to the token embeddings (an embedding acts '
+              'once per stack, not in the local layers alone)')
+
+  def layer_position(self, index: int) -> PositionConfig:
+    """The position of layer `index`: model.local_position in a sliding or chunked layer where it is set, else
+    model.position."""
+    if self.local_position is not None and self.layer_type(index) != 'full':
+      return self.local_position
+    return self.position
 
   @property
   def layer_type_cycle(self) -> tuple:

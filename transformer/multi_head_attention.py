@@ -14,6 +14,7 @@ from transformer.attention import check_groups, merge_heads, split_heads
 from transformer.attention_request import AttentionMask, AttentionPositions, AttentionRequest, CoreSettings
 from transformer.layers import EMBED, HEADS, KV_HEADS, Dense, RMSNorm, linear, parameter
 from transformer.positions.ssmax import keys_seen, scalable_query
+from transformer.positions.temperature import tempered_query
 
 
 class MultiHeadAttention(nn.Module):
@@ -42,6 +43,9 @@ class MultiHeadAttention(nn.Module):
   qk_norm: str = 'none'     # RMSNorm of the queries and keys before the rotation: 'head' over each head's width
   #                           (Qwen3, Gemma 3), 'projection' over the whole projection (OLMo 2), or 'none'
   qk_norm_eps: float = 1e-6
+  softcap: float = 0.0      # c > 0: logits capped to c tanh(x / c) (Gemma 2's attn_logit_softcapping)
+  sinks: bool = False       # a learned sink logit per head in every softmax denominator (GPT-OSS)
+  query_scale: float = 0.0  # > 0: logits scaled by query_scale^-1/2 (Gemma's query_pre_attn_scalar); 0: 1/sqrt(K)
 
   @nn.compact
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
@@ -70,21 +74,21 @@ class MultiHeadAttention(nn.Module):
     query, key, value = self._project(inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention,
                                       reads_memory_cache=cached_step and not is_self_attention)
     query, key = self._normalized(query, key)
-    scale = 1.0 / math.sqrt(query.shape[-1])
+    scale = 1.0 / math.sqrt(self.query_scale or query.shape[-1])
     if positions is not None:
       positions = dataclasses.replace(positions, shared=positions.hooks.from_inputs(
           inputs_q_BxLqxD, positions.shared, use_cache, cache_index))
-      query, key, scale = self._rotate_and_scale(query, key, positions, cached_step)
-      if positions.hooks.settings.ssmax:
-        query = self._scalable_softmax(query, mask, positions.k_positions_BxLk.shape[1],
-                                       positions.hooks.settings.ssmax_initial_scale)
+      query, key, scale = self._rotate_and_scale(query, key, positions, cached_step, scale)
+      self._check_softmax_settings(positions)
+      query = self._query_factors(query, mask, positions)
     if use_cache:
       key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     settings = CoreSettings(attention_core.current_backend(), self.block_size, self.key_block_size,
                             self.dropout_rate, rng, self.is_mutable_collection('intermediates'))
-    result = attention_core.attend(self.implementation, AttentionRequest(query, key, value, scale, mask, positions),
-                                   settings)
+    sink_H = parameter(self, 'sinks', nn.initializers.zeros, (self.num_heads,)) if self.sinks else None
+    request = AttentionRequest(query, key, value, scale, mask, positions, self.softcap, sink_H)
+    result = attention_core.attend(self.implementation, request, settings)
     if result.weights_BxHxLqxLk is not None:
       self.sow('intermediates', 'attention_weights', result.weights_BxHxLqxLk)
     return Dense(width, use_bias=self.out_bias, name='out', axes=(HEADS, EMBED))(merge_heads(result.output_BxLqxHxV))
@@ -128,10 +132,32 @@ class MultiHeadAttention(nn.Module):
     return (query, split_heads(projections[1](inputs_kv_BxLkxD), self.key_value_heads),
             split_heads(projections[2](inputs_kv_BxLkxD), self.key_value_heads))
 
+  def _check_softmax_settings(self, positions: AttentionPositions) -> None:
+    """ValueError for a sink, a cap or a query scale that the variant's own weights or scale would contradict."""
+    rule = positions.hooks.weights_rule()
+    if rule is not None and (self.sinks or self.softcap):
+      field, value = ('attention_sinks', self.sinks) if self.sinks else ('attention_softcap', self.softcap)
+      raise ValueError(f'model.{field}: got {value!r} with {rule.name}, whose weights are not a softmax; valid: '
+                       f'{"False" if self.sinks else "0"} (sinks and caps act on a softmax)')
+    if self.query_scale and positions.hooks.scale() is not None:
+      raise ValueError(f'model.query_scale: got {self.query_scale!r} with a variant that sets its own logit scale '
+                       f'({positions.hooks.scale()}); valid: 0')
+
+  def _query_factors(self, query_BxLqxHxK, mask: AttentionMask, positions: AttentionPositions):
+    """The queries times the settings' factors: SSMax's s_h log n_i, Llama 4's temperature by position."""
+    settings = positions.hooks.settings
+    if settings.ssmax:
+      query_BxLqxHxK = self._scalable_softmax(query_BxLqxHxK, mask, positions.k_positions_BxLk.shape[1],
+                                              settings.ssmax_initial_scale)
+    if settings.temperature_scale:
+      query_BxLqxHxK = tempered_query(query_BxLqxHxK, positions.q_positions_BxLq, settings.temperature_scale,
+                                      settings.temperature_floor)
+    return query_BxLqxHxK
+
   @staticmethod
-  def _rotate_and_scale(query, key, positions: AttentionPositions, cached_step: bool):
-    """The variant's rotation of queries and keys, and its logit scale (default 1/sqrt(K)). In a cached
-    step the new keys sit at their queries' positions; a key None (cross-attention's memory, from the
+  def _rotate_and_scale(query, key, positions: AttentionPositions, cached_step: bool, default_scale: float):
+    """The variant's rotation of queries and keys, and its logit scale (default_scale unless it sets one). In a
+    cached step the new keys sit at their queries' positions; a key None (cross-attention's memory, from the
     cache) stays None."""
     hooks, q_positions_BxLq = positions.hooks, positions.q_positions_BxLq
     if cached_step:
@@ -140,7 +166,7 @@ class MultiHeadAttention(nn.Module):
     else:
       query, key = hooks.rotate(query, key, q_positions_BxLq, positions.k_positions_BxLk, positions.sequence_length)
     scale = hooks.scale()
-    return query, key, 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    return query, key, default_scale if scale is None else scale
 
   def _scalable_softmax(self, query_BxLqxHxK, mask: AttentionMask, key_length: int, initial: float):
     """The query times s_h log n_i (positions/ssmax.py), s_h this layer's, n_i counted from the mask."""

@@ -241,7 +241,9 @@ def _recorded_model(workdir: str) -> tuple[dict, transformer.ModelConfig]:
                        f'({", ".join(changed[:3])} differ from their recorded SHA-256); valid: the files it was '
                        f'imported from, or a new import of them into a new --workdir')
   model_fields = dict(resolved['model'])
+  local = model_fields.pop('local_position', None)
   model_config = transformer.ModelConfig(position=transformer.PositionConfig(**model_fields.pop('position')),
+                                         local_position=None if local is None else transformer.PositionConfig(**local),
                                          **model_fields)
   return resolved, model_config
 

@@ -104,28 +104,28 @@ def _section(config: ml_collections.ConfigDict, prefix: str, cls, skip=()) -> di
   return values
 
 
-def _position(config: ml_collections.ConfigDict) -> transformer.PositionConfig:
-  """model.position: its kind, resolved to a variant, and that variant's settings. Every field is
-  type-checked; one that is some other variant's setting is then left out (it is not this run's),
-  one that is no variant's fails."""
+def _position(config: ml_collections.ConfigDict, field: str = 'model.position') -> transformer.PositionConfig:
+  """model.position (or model.local_position, `field`): its kind, resolved to a variant, and that variant's
+  settings. Every field is type-checked; one that is some other variant's setting is then left out (it is not
+  this run's), one that is no variant's fails."""
   if 'kind' not in config:
-    raise ConfigError('model.position.kind: missing; valid: ' + ', '.join(transformer.VARIANTS))
-  kind = _check_type('model.position.kind', config.kind, str)
-  _one_of('model.position.kind', kind, sorted(transformer.VARIANTS))
+    raise ConfigError(f'{field}.kind: missing; valid: ' + ', '.join(transformer.VARIANTS))
+  kind = _check_type(f'{field}.kind', config.kind, str)
+  _one_of(f'{field}.kind', kind, sorted(transformer.VARIANTS))
   every_setting = transformer.positions.setting_names()
   unknown = sorted(set(config.keys()) - set(every_setting) - {'kind'})
   if unknown:
-    raise ConfigError(f'model.position.{unknown[0]}: unknown field; valid fields of model.position: kind, '
+    raise ConfigError(f'{field}.{unknown[0]}: unknown field; valid fields of {field}: kind, '
                       f'{", ".join(every_setting)}')
   hints = {}
   for variant in transformer.VARIANTS.values():
     hints.update(typing.get_type_hints(variant.settings))
-  values = {name: _check_type(f'model.position.{name}', config[name], hints[name])
+  values = {name: _check_type(f'{field}.{name}', config[name], hints[name])
             for name in sorted(config.keys()) if name != 'kind'}
   smallest, largest = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
   for name, value in values.items():
     if isinstance(value, float) and value != 0 and not smallest <= abs(value) <= largest:
-      raise ConfigError(f'model.position.{name}: got {value!r}; valid: a number float32 holds (0, or a magnitude in '
+      raise ConfigError(f'{field}.{name}: got {value!r}; valid: a number float32 holds (0, or a magnitude in '
                         f'[{smallest:.3g}, {largest:.3g}]): the model computes in float32')
   return transformer.PositionConfig(kind, **transformer.VARIANTS[kind].own_settings(values))
 
@@ -286,15 +286,17 @@ def _model_config(section, task_object, vocab_size: Optional[int] = None) -> tra
   model.FIELD."""
   try:
     position = _position(section.position)
+    local = section.get('local_position')
+    local_position = _position(local, 'model.local_position') if local is not None and local.get('kind') else None
     model_fields = _section(section, 'model.', transformer.ModelConfig,
-                            skip=('position', 'vocab_size', 'num_outputs', 'input_features',
+                            skip=('position', 'local_position', 'vocab_size', 'num_outputs', 'input_features',
                                   'aligned_cross_attention'))
     requested = _check_type('model.vocab_size', section.vocab_size, int) if 'vocab_size' in section else 0
     if requested and requested < (vocab_size or task_object.vocab_size):
       raise ConfigError(f'model.vocab_size: got {requested}; valid: 0 (the task\'s {task_object.vocab_size} tokens) '
                         'or at least that many')
     model = transformer.ModelConfig(position=position, vocab_size=requested or vocab_size or task_object.vocab_size,
-                                    **dict(model_fields, **task_object.model_fields))
+                                    local_position=local_position, **dict(model_fields, **task_object.model_fields))
   except ConfigError:
     raise
   except ValueError as error:  # the library names the field without the section
@@ -392,10 +394,13 @@ def seed_workdirs(workdir: str, first_seed: int, seeds: int) -> list[str]:
 
 
 def to_dict(experiment: Experiment) -> dict:
-  """The run record: every field, model.position flat (its kind and that variant's settings), and under
+  """The run record: every field, model.position (and model.local_position, or None) flat (its kind and that
+  variant's settings), and under
   data.identity what names the task's data beyond its settings (a prepared corpus), when it has such."""
   record = dataclasses.asdict(experiment)
   record['model']['position'] = experiment.model.position.fields()
+  local = experiment.model.local_position
+  record['model']['local_position'] = None if local is None else local.fields()
   record['parallel']['rules'] = dict(experiment.parallel.rules)
   identity = TASKS[experiment.task.name](experiment.task).data_identity()
   if identity is not None:

@@ -109,13 +109,13 @@ def override_names(argv) -> list[str]:
 
 def check_override_fields(config, names) -> None:
   """Every overridden field exists in the config, or is a positional variant's setting under
-  model.position (a misspelling fails, with the nearest name)."""
+  model.position or model.local_position (a misspelling fails, with the nearest name)."""
   for name in names:
     section = config
     parts = name.split('.')
     for depth, part in enumerate(parts):
       keys = list(section.keys()) if hasattr(section, 'keys') else []
-      if parts[:depth] == ['model', 'position'] and depth == len(parts) - 1:
+      if parts[:depth] in (['model', 'position'], ['model', 'local_position']) and depth == len(parts) - 1:
         import transformer  # pylint: disable=g-import-not-at-top
         keys = sorted(set(keys) | set(transformer.positions.setting_names()))
         if part in keys:

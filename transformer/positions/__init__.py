@@ -2,7 +2,7 @@
 its settings and its `VARIANT`) plus one line in VARIANTS."""
 
 from transformer.positions import (alibi, cope, fire, fox, kerple, layer_pattern, learned, none, p_rope, path, rope,
-                                  shaw, sinusoidal, stick_breaking, t5, transformer_xl, tupe, tupe_r, xpos)
+                                  shaw, sinusoidal, stick_breaking, t5, temperature, transformer_xl, tupe, tupe_r, xpos)
 from transformer.positions.alibi import AlibiLayer, AlibiStack, alibi_bias, alibi_slopes
 from transformer.positions.base import LayerPositions, Settings, StackPositions, Variant, relative_positions
 from transformer.positions.composite import compose

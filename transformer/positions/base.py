@@ -69,15 +69,20 @@ def require(condition: bool, field: str, value, valid: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """A variant's knobs: subclasses add fields (a default and a comment each) and override the
-  checks. This base holds the settings every variant has: scalable softmax (ssmax.py), which combines
-  with any of them."""
+  checks. This base holds the settings every variant has: scalable softmax (ssmax.py) and Llama 4's temperature
+  tuning (temperature.py), which combine with any of them."""
   ssmax: bool = False               # scalable softmax: queries times s_h log n (Nakanishi 2025), any variant
   ssmax_initial_scale: float = 0.43  # s_h at initialisation, learned per head and layer
+  temperature_scale: float = 0.0    # Llama 4's attn_scale (0.1): queries times its temperature (temperature.py); 0 off
+  temperature_floor: int = 8192     # Llama 4's floor_scale: the temperature stays 1 below this position
 
   def __post_init__(self):
     require(isinstance(self.ssmax, bool), 'position.ssmax', self.ssmax, 'true or false')
     require(math.isfinite(self.ssmax_initial_scale) and self.ssmax_initial_scale > 0,
             'position.ssmax_initial_scale', self.ssmax_initial_scale, 'a finite number > 0')
+    require(self.temperature_scale >= 0.0, 'position.temperature_scale', self.temperature_scale,
+            'a number >= 0 (0: off)')
+    require(self.temperature_floor > 0, 'position.temperature_floor', self.temperature_floor, 'a positive integer')
     self.check()
 
   def check(self) -> None:
@@ -97,9 +102,9 @@ class Settings:
     del largest
 
   def shift_invariant_claim(self) -> Optional[bool]:
-    """The claim of shift invariance when it depends on the settings (a pattern of variants by layer);
-    None: the variant's own (Variant.shift_invariant)."""
-    return None
+    """The claim of shift invariance when it depends on the settings (a pattern of variants by layer, the
+    temperature, which reads absolute positions); None: the variant's own (Variant.shift_invariant)."""
+    return False if self.temperature_scale else None
 
   def shift_invariant_below(self) -> Optional[int]:
     """Where the variant's claim of shift invariance (Variant.shift_invariant) ends: it holds while every
@@ -249,6 +254,11 @@ class Variant:
 
   def setting_names(self) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(self.settings))
+
+  @property
+  def embeds(self) -> bool:
+    """Whether the variant adds to the token embeddings (a stack's embed hook): once per stack, never by layer."""
+    return self.stack.embed is not StackPositions.embed
 
   def own_settings(self, fields: dict) -> dict:
     """The entries of `fields` that are this variant's settings (the rest belong to others)."""

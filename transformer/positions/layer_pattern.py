@@ -58,7 +58,7 @@ class PatternSettings(Settings):
       self.part(kind).check_positions(largest)
 
   def shift_invariant_claim(self) -> bool:
-    return all(self.parts[kind].shift_invariant for kind in self.distinct())
+    return all(self.parts[kind].shift_invariant for kind in self.distinct()) and not self.temperature_scale
 
   def shift_invariant_below(self) -> Optional[int]:
     limits = [self.part(kind).shift_invariant_below() for kind in self.distinct()]
@@ -132,7 +132,7 @@ def pattern_variant(table: dict[str, Variant]) -> Variant:
   """The layer_pattern variant over the variants of `table` that have no embedding hook: its settings
   hold `layer_pattern` and every part's settings (one field per name; parts that share a name must
   share its type and default)."""
-  parts = {kind: variant for kind, variant in table.items() if variant.stack.embed is StackPositions.embed}
+  parts = {kind: variant for kind, variant in table.items() if not variant.embeds}
   fields, seen = [('layer_pattern', str, dataclasses.field(default=DEFAULT_PATTERN))], {}
   for kind, variant in parts.items():
     for field in dataclasses.fields(variant.settings):
