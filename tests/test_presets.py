@@ -1,7 +1,9 @@
 """The GPT-2-shaped presets (configs/gpt2.py): their shapes and their parameters split over 8 devices (traced
-abstractly), and two training steps of each at length 32 on the CPU. Not their speed."""
+abstractly), and two training steps of each at length 32 on the CPU. Not their speed. The hybrid presets
+(configs/hybrid.py): each layer's window and position."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
@@ -97,3 +99,39 @@ def test_the_llama_presets_split_their_key_and_value_heads_over_the_tensor_axis(
   key_kernel = shapes.params['decoder']['layer_0']['self_attention']['key']['kernel']
   assert key_kernel.shape == (experiment.model.model_dim, 4 * experiment.model.head_dim)
   assert 'gate_kernel' in shapes.params['decoder']['layer_0']['feed_forward']
+
+
+@pytest.mark.parametrize('preset', ['rope', 'nope', 'swa', 'rnope', 'rnope_swa', 'irope', 'gemma3', 'gpt_oss',
+                                    'smollm3'])
+def test_a_hybrid_preset_places_its_windows_and_positions_by_layer(preset):
+  """configs/hybrid.py at both budgets: six layers of the Llama block, the window or chunk a quarter of the training
+  length, each layer's kind and position as the docstring's table says; a narrow copy runs forward."""
+  from configs import hybrid  # pylint: disable=import-outside-toplevel
+  expected_types = {'swa': 'sliding', 'rnope_swa': 'sliding,sliding,sliding,full',
+                    'irope': 'chunked,chunked,chunked,full', 'gemma3': 'sliding,sliding,sliding,sliding,sliding,full',
+                    'gpt_oss': 'sliding,full'}.get(preset, 'full')
+  for budget, length in (('', 128), (',corpus', 256)):
+    model = from_config_dict(hybrid.get_config(preset + budget), 1).model
+    assert (model.num_decoder_layers, model.norm_type, model.activation) == (6, 'rmsnorm', 'swiglu')
+    assert model.layer_types == expected_types
+    assert model.sliding_window == (length // 4 if 'sliding' in expected_types else 0)
+    assert model.attention_chunk_size == (length // 4 if 'chunked' in expected_types else 0)
+    kinds = [model.layer_position(index).kind for index in range(6)]
+    local_base = model.local_position.settings.rope_base if model.local_position else None
+    assert (model.attention_sinks, model.sandwich_norm, model.qk_norm) == (
+        preset == 'gpt_oss', preset == 'gemma3', 'head' if preset == 'gemma3' else 'none')
+    if preset in ('rnope_swa', 'irope'):
+      assert kinds == ['rope', 'rope', 'rope', 'none', 'rope', 'rope']
+    elif preset == 'gemma3':
+      assert kinds == ['rope'] * 6 and local_base == 1e4 and model.position.settings.rope_base == 1e6
+    elif preset in ('rnope', 'smollm3'):
+      assert model.position.settings.layer_pattern == 'rope,rope,rope,none'
+    else:
+      assert kinds == ['none' if preset == 'nope' else 'rope'] * 6
+  assert (model.position.settings.temperature_scale, model.position.settings.temperature_floor) == (
+      (0.1, 256) if preset == 'irope' else (0.0, 8192))
+  narrow = model.replace(model_dim=32, num_heads=4, num_kv_heads=2, feed_forward_dim=64, vocab_size=64)
+  inputs = jnp.zeros((1, 80), jnp.int32)
+  logits = transformer.DecoderOnly(narrow).apply(
+      transformer.DecoderOnly(narrow).init(jax.random.PRNGKey(0), inputs), inputs)
+  assert logits.shape == (1, 80, 64) and bool(jnp.all(jnp.isfinite(logits)))
