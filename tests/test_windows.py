@@ -169,21 +169,70 @@ def test_a_window_as_long_as_the_sequence_is_full_attention(kind):
   assert not np.allclose(np.asarray(narrow.apply(variables, tokens)), np.asarray(full.apply(variables, tokens)))
 
 
-@pytest.mark.parametrize('changes', [dict(layer_types='sliding,full', sliding_window=3),
-                                     dict(layer_types='chunked,full', attention_chunk_size=4)])
-def test_cached_decoding_past_four_windows_gives_the_whole_forward_pass(changes):
-  """Token by token through the cache for 14 tokens (more than 4 W = 12 and three chunks), then the whole pass."""
-  model = T.DecoderOnly(_one_layer(num_decoder_layers=2, **changes))
-  tokens = jnp.asarray(np.random.default_rng(4).integers(0, 16, (2, 14)))
-  variables = model.init(jax.random.PRNGKey(0), tokens)
+def _stepped_logits(model, variables, tokens):
+  """The logits of feeding `tokens` one at a time through the cache (created by a call on zeros), and the cache."""
   _, cache = model.apply(variables, jnp.zeros_like(tokens), use_cache=True, mutable=['cache'])
   stepped = []
   for index in range(tokens.shape[1]):
-    logits, updated = model.apply({**variables, 'cache': cache['cache']}, tokens[:, index:index + 1], use_cache=True,
-                                  mutable=['cache'])
-    cache = updated
+    logits, cache = model.apply({**variables, 'cache': cache['cache']}, tokens[:, index:index + 1], use_cache=True,
+                                mutable=['cache'])
     stepped.append(logits)
-  np.testing.assert_allclose(np.concatenate(stepped, axis=1), model.apply(variables, tokens), atol=2e-5, rtol=1e-5)
+  return np.concatenate(stepped, axis=1), cache['cache']
+
+
+@pytest.mark.parametrize('changes', [dict(layer_types='sliding,full', sliding_window=3),
+                                     dict(layer_types='chunked,full', attention_chunk_size=4)])
+def test_cached_decoding_past_four_windows_gives_the_whole_forward_pass(changes):
+  """Token by token through the cache for 14 tokens (more than 4 W = 12 and three chunks), then the whole pass; the
+  sliding layer's cache holds W = 3 keys and values (a rolling buffer), the full layer's all 14."""
+  model = T.DecoderOnly(_one_layer(num_decoder_layers=2, **changes))
+  tokens = jnp.asarray(np.random.default_rng(4).integers(0, 16, (2, 14)))
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  stepped, cache = _stepped_logits(model, variables, tokens)
+  np.testing.assert_allclose(stepped, model.apply(variables, tokens), atol=2e-5, rtol=1e-5)
+  rolling = 'sliding_window' in changes
+  assert cache['decoder']['layer_0']['self_attention']['cached_key'].shape[1] == (3 if rolling else 14)
+  assert cache['decoder']['layer_1']['self_attention']['cached_key'].shape[1] == 14
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', sorted(T.VARIANTS))
+def test_every_variant_decodes_a_sliding_layer_through_its_rolling_cache(kind):
+  """Each variant that decodes, in a sliding layer of W = 3 beside a full one: 14 tokens stepped through the cache
+  give the whole forward pass, and the sliding layer's cache holds 3 positions, unless the variant keeps every
+  earlier token's data in a cache of its own (FoX's gates, PaTH's reflections: Variant.rolling_cache)."""
+  from tests.helpers import tiny  # pylint: disable=import-outside-toplevel
+  config = tiny(kind, num_encoder_layers=0, num_decoder_layers=2, vocab_size=16, layer_types='sliding,full',
+                sliding_window=3)
+  model = T.DecoderOnly(config)
+  tokens = jnp.asarray(np.random.default_rng(7).integers(0, 16, (1, 14)))
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  stepped, cache = _stepped_logits(model, variables, tokens)
+  np.testing.assert_allclose(stepped, model.apply(variables, tokens), atol=5e-5, rtol=1e-4)
+  held = cache['decoder']['layer_0']['self_attention']['cached_key'].shape[1]
+  assert held == (3 if config.position.rolling_cache else 14)
+  assert config.position.rolling_cache == (kind not in ('fox', 'path'))
+
+
+def test_a_prompt_continues_through_the_rolling_cache_as_the_whole_pass():
+  """A 5-token prompt padded to the capacity creates the cache (models._prompt_in_cache: its sliding layers keep the
+  prompt's last W = 3 positions, not the padding's), then 12 tokens one at a time: the logits of the whole pass; and
+  greedy generation through it picks the tokens of rerunning the whole prefix at every step."""
+  model = T.DecoderOnly(_one_layer(num_decoder_layers=2, layer_types='sliding,full', sliding_window=3))
+  tokens = jnp.asarray(np.random.default_rng(8).integers(0, 16, (2, 17)))
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  last_BxC, cache = T.models._prompt_in_cache(model, variables, tokens[:, :5], 17)  # pylint: disable=protected-access
+  stepped = [last_BxC[:, None]]
+  for index in range(5, 17):
+    logits, updated = model.apply({**variables, 'cache': cache}, tokens[:, index:index + 1], use_cache=True,
+                                  mutable=['cache'])
+    cache = updated['cache']
+    stepped.append(logits)
+  np.testing.assert_allclose(np.concatenate(stepped, axis=1), model.apply(variables, tokens)[:, 4:], atol=2e-5,
+                             rtol=1e-5)
+  prompt = tokens[:, :5]
+  np.testing.assert_array_equal(T.models.decoder_only_generate(model, variables, prompt, 12),
+                                T.models.decoder_only_generate(model, variables, prompt, 12, use_cache=False))
 
 
 @pytest.mark.parametrize('changes, message', [

@@ -20,6 +20,8 @@ from transformer.masks import causal_mask, cross_attention_mask, segment_mask, s
 from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
 from transformer.positions.randomized import randomized_positions
+from transformer import rolling_cache
+from transformer.rolling_cache import RollingCache
 
 
 def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, position: PositionConfig = None,
@@ -29,6 +31,12 @@ def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bo
   position.check_attention(config.num_heads, config.head_dim, causal)
   return dict(settings=position.settings, num_heads=config.num_heads, head_dim=config.head_dim,
               model_dim=config.model_dim, num_layers=num_layers, causal=causal, has_cls=has_cls, **layer)
+
+
+def _rolls(config: ModelConfig, index: int) -> bool:
+  """Whether layer `index` decodes through a rolling cache (rolling_cache.py): a sliding layer whose position keeps
+  no per-token cache of its own."""
+  return config.layer_type(index) == 'sliding' and config.layer_position(index).rolling_cache
 
 
 def _position_name(config: ModelConfig, index: int) -> str:
@@ -97,7 +105,8 @@ class TransformerLayer(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, *, self_mask, positions_BxL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
                key_positions_BxLk=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
-               memory_valid_BxLs=None, kernel_shared: Shared = None, segments_BxL=None):
+               memory_valid_BxLs=None, kernel_shared: Shared = None, segments_BxL=None,
+               rolling: Optional[RollingCache] = None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
     valid_BxL, memory_valid_BxLs, segments_BxL: the padding and the packed rows' documents the masks were built
@@ -105,7 +114,7 @@ class TransformerLayer(nn.Module):
     position terms.
     key_positions_BxLk: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
-    MultiHeadAttention's."""
+    MultiHeadAttention's; rolling: a sliding layer's rolling cache (rolling_cache.py)."""
     config, deterministic = self.config, self.deterministic
     key_positions_BxLk = positions_BxL if key_positions_BxLk is None else key_positions_BxLk
     cache = dict(use_cache=use_cache, cache_index=cache_index)
@@ -120,7 +129,7 @@ class TransformerLayer(nn.Module):
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
     self_attention_mask = self._self_attention_mask(self_mask, cache_index, valid_BxL, segments_BxL)
     attend = lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
-                                      deterministic=deterministic, **cache)
+                                      deterministic=deterministic, rolling=rolling, **cache)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
                                config.use_bias or config.feed_forward_bias, name='feed_forward')
     if config.parallel_residual:
@@ -168,14 +177,8 @@ class TransformerLayer(nn.Module):
                          segments_BxL=segments_BxL if full_pass else None)
 
 
-CACHE_INDEX = 'index'  # a cache's next write position, left at 0 by the call that creates the cache
-
-
-def cache_continuing_at(cache, index: int):
-  """The cache with its next write position set to `index`: for a first call whose first `index` positions are
-  the ones the next call continues (a prompt padded to the capacity; causal, so the padding changes none of them)."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.full_like(x, index) if getattr(path[-1], 'key', None) == CACHE_INDEX else x, cache)
+CACHE_INDEX = 'index'  # a cache's next write position: the creating call's cache_prefix (0 unless given)
+ROLLING_POSITIONS = 'rolling_positions'  # the positions the sliding layers' rolling caches hold, oldest first
 
 
 class TransformerStack(nn.Module):
@@ -190,13 +193,16 @@ class TransformerStack(nn.Module):
   def __call__(self, x_BxLxD: chex.Array, *, valid_BxL: Optional[chex.Array] = None,
                memory_BxLsxD: Optional[chex.Array] = None, memory_valid_BxLs: Optional[chex.Array] = None,
                deterministic: bool = True, use_cache: bool = False, positions_BxL: Optional[chex.Array] = None,
-               segments_BxL: Optional[chex.Array] = None) -> chex.Array:
+               segments_BxL: Optional[chex.Array] = None, cache_prefix: Optional[int] = None) -> chex.Array:
     """use_cache: incremental decoding of a causal stack (the 'cache' collection, mutable). The first
     call creates the cache, sized by its input's length (the capacity: every position the decoding
     will feed), and computes as without it; each later call feeds the next x_BxLxD.shape[1]
     positions (one token, or a whole prompt at once), attending over the cache instead of
     recomputing the prefix. Feeding past the capacity is not detected inside jit: size it for the
-    whole decoding.
+    whole decoding. cache_prefix: the creating call's first positions that the decoding continues after (a prompt
+    padded to the capacity; causal, so the padding changes none of them); None: all of them. A sliding layer's
+    cache holds the last W positions only (rolling_cache.py; unpacked rows, variants that keep no per-token cache
+    of their own), however long the decoding.
 
     positions_BxL, segments_BxL: several documents packed in a row. Each token's position within its
     document (restarting at 0 in each) and its document's id within the row; a token attends only to
@@ -208,7 +214,7 @@ class TransformerStack(nn.Module):
     length = x_BxLxD.shape[1]
     packed = positions_BxL is not None or segments_BxL is not None
     positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._stack_positions(
-        x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache)
+        x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache, cache_prefix)
     stacks = {name: position.variant.stack(
         **_hook_fields(config, self.num_layers, self.causal, self.has_cls, position), name=name)
               for name, position in (('position', config.position), ('local_position', config.local_position))
@@ -217,8 +223,8 @@ class TransformerStack(nn.Module):
     x_BxLxD = batch_split(stacks['position'].embed(x_BxLxD, positions_BxL).astype(config.dtype))
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     self_mask = cached_mask if cache_index is not None else self._self_mask(valid_BxL, length, segments_BxL)
-    terms = {name: self._stack_terms(hooks, positions_BxL, key_positions_BxLk, self_mask if packed else None)
-             for name, hooks in stacks.items()}
+    rolling = self._rolling(length, cache_index, positions_BxL, cache_prefix) if use_cache and not packed else None
+    terms = {}  # (position name, whether the keys are a rolling cache's) -> its stack's terms, computed once
     memory_mask = None if not self.cross_attention else self._memory_mask(
         memory_BxLsxD, memory_valid_BxLs, key_positions_BxLk.shape[1], None if cache_index is None else self_mask)
     layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
@@ -227,17 +233,33 @@ class TransformerStack(nn.Module):
                                                 cache_index=cache_index)
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, segments_BxL=segments_BxL)
     for index in range(self.num_layers):
-      layer_mask = self._layer_mask(index, self_mask, positions_BxL, key_positions_BxLk)
+      layer_mask, layer_keys, layer_step = self._layer_view(index, self_mask, positions_BxL, key_positions_BxLk,
+                                                            cached_step, rolling)
+      name, rolled = _position_name(config, index), layer_keys is not key_positions_BxLk
+      if (name, rolled) not in terms:
+        terms[name, rolled] = self._stack_terms(stacks[name], positions_BxL, layer_keys, self_mask if packed else None)
+      shared, kernel_shared = terms[name, rolled]
       layer = layer_type(config, self.num_layers, self.causal, self.cross_attention, self.has_cls,
                          deterministic=deterministic, layer_index=index, name=f'layer_{index}')
-      shared, kernel_shared = terms[_position_name(config, index)]
       x_BxLxD = batch_split(layer(x_BxLxD, self_mask=layer_mask, positions_BxL=positions_BxL, shared=shared,
                                   memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, kernel_shared=kernel_shared,
-                                  **cached_step, **mask_sources))
+                                  **layer_step, **mask_sources))
     if config.norm == 'pre':
       x_BxLxD = norm_layer(config.norm_type, config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _layer_view(self, index: int, self_mask, positions_BxL, key_positions_BxLk, cached_step: dict, rolling):
+    """(mask, keys' positions, the cached step's arguments) of layer `index`: the stack's, with a local layer's
+    window (_layer_mask); a sliding layer's rolling cache (_rolling) in a cached call, and in a later one its keys'
+    positions and mask."""
+    layer_mask = self._layer_mask(index, self_mask, positions_BxL, key_positions_BxLk)
+    if rolling is None or not _rolls(self.config, index):
+      return layer_mask, key_positions_BxLk, cached_step
+    cache, rolled_keys_1xK, rolled_mask = rolling
+    if rolled_keys_1xK is None:  # the creating call
+      return layer_mask, key_positions_BxLk, dict(cached_step, rolling=cache)
+    return rolled_mask, rolled_keys_1xK, dict(cached_step, rolling=cache, key_positions_BxLk=rolled_keys_1xK)
 
   def _stack_terms(self, hooks, positions_BxL, key_positions_BxLk, packed_mask):
     """(shared, kernel_shared) of one of the stack's positions: the terms every layer of its kind reads, masked to
@@ -248,7 +270,26 @@ class TransformerStack(nn.Module):
     shared = hooks.shared(positions_BxL, key_positions_BxLk)
     return shared if packed_mask is None else hooks.masked(shared, packed_mask), hooks.kernel_shared()
 
-  def _stack_positions(self, x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache: bool):
+  def _rolling(self, length: int, cache_index, positions_BxL, cache_prefix: Optional[int]):
+    """The sliding layers' rolling cache in a cached call of an unpacked stack: (RollingCache, and in a later call
+    the keys' positions 1 x (R + n) and the mask of their window 1 x 1 x n x (R + n)); None without sliding
+    layers that roll. The creating call keeps the last R of its first cache_prefix positions."""
+    config = self.config
+    if not self.causal or not any(_rolls(config, index) for index in range(self.num_layers)):
+      return None
+    size = min(config.sliding_window, length) if cache_index is None else None
+    kept = None if size is None else rolling_cache.kept_positions(length if cache_prefix is None else cache_prefix,
+                                                                 size)
+    slots = self.variable('cache', ROLLING_POSITIONS, lambda: jnp.asarray(kept)[None])
+    if cache_index is None:
+      return RollingCache(size, np.maximum(kept, 0)), None, None
+    key_positions_1xK, slots.value = rolling_cache.rolled(slots.value, positions_BxL)
+    window = window_mask(positions_BxL, key_positions_1xK, window=config.sliding_window)
+    up_to_own = key_positions_1xK[:, None, None, :] <= positions_BxL[:, None, :, None]
+    return RollingCache(slots.value.shape[1]), key_positions_1xK, jnp.logical_and(window, up_to_own)
+
+  def _stack_positions(self, x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache: bool,
+                       cache_prefix: Optional[int] = None):
     """(query positions, key positions, cache index, a cached step's mask): a packed row's own, 0 .. L-1 or
     randomized ones; in a cached call, from the cache (_cached_positions)."""
     length = x_BxLxD.shape[1]
@@ -259,7 +300,7 @@ class TransformerStack(nn.Module):
     if self.config.randomized_max_length:
       positions_BxL = self._randomized(length, valid_BxL)
     if use_cache:
-      return self._cached_positions(positions_BxL, segments_BxL, valid_BxL)
+      return self._cached_positions(positions_BxL, segments_BxL, valid_BxL, cache_prefix)
     return positions_BxL, positions_BxL, None, None
 
   def _self_mask(self, valid_BxL, length: int, segments_BxL):
@@ -285,7 +326,7 @@ class TransformerStack(nn.Module):
                          chunk=config.attention_chunk_size if kind == 'chunked' else 0)
     return window if self_mask is None else jnp.logical_and(self_mask, window)
 
-  def _cached_positions(self, positions_BxL, segments_BxL, valid_BxL):
+  def _cached_positions(self, positions_BxL, segments_BxL, valid_BxL, cache_prefix: Optional[int] = None):
     """(positions_BxL, key_positions_BxLk, cache_index, mask) of a cached call. The first call creates the cache
     (its capacity is this call's length) and computes as without one: cache_index and mask None. A later call
     feeds the slots from the cache's index on and attends over every slot up to its own. Unpacked, the tokens
@@ -294,7 +335,7 @@ class TransformerStack(nn.Module):
     if not self.causal:
       raise ValueError('use_cache: incremental decoding needs a causal stack (a decoder)')
     step = self.has_variable('cache', CACHE_INDEX)
-    next_index = self.variable('cache', CACHE_INDEX, lambda: jnp.zeros((), jnp.int32))
+    next_index = self.variable('cache', CACHE_INDEX, lambda: jnp.asarray(cache_prefix or 0, jnp.int32))
     slots = self.variable('cache', 'positions', lambda: positions_BxL)  # its shape is the capacity
     slot_segments = None if segments_BxL is None else self.variable('cache', 'segments', lambda: segments_BxL)
     if not step:

@@ -56,6 +56,14 @@ class PositionConfig:
             f'in bidirectional attention (an encoder) one of {bidirectional_kinds}; {self.kind} is causal only')
     self.settings.check_attention(num_heads, head_dim, causal)
 
+  @property
+  def rolling_cache(self) -> bool:
+    """Whether a sliding layer with this position decodes through a rolling cache of its last W keys: unless the
+    variant (or a part of the pattern) keeps every earlier token's data in a cache of its own (Variant)."""
+    if self.kind == 'layer_pattern':
+      return all(self.settings.parts[kind].rolling_cache for kind in self.settings.distinct())
+    return self.variant.rolling_cache
+
   def fields(self) -> dict:
     """{'kind': ..., and every setting}: the flat form of model.position in configs and run records."""
     return {'kind': self.kind, **dataclasses.asdict(self.settings)}

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.blocks import TransformerStack, cache_continuing_at
+from transformer.blocks import TransformerStack
 from transformer.config import ModelConfig
 from transformer.layers import EMBED, VOCAB, Dense, Embed, batch_split, parameter
 
@@ -52,23 +52,26 @@ class DecoderOnly(nn.Module):
     self.decoder = TransformerStack(self.config, self.config.num_decoder_layers, causal=True)
 
   def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False,
-               positions_BxL=None, segments_BxL=None):
-    """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable. positions_BxL and
-    segments_BxL: documents packed in each row, positions restarting in each (TransformerStack)."""
+               positions_BxL=None, segments_BxL=None, cache_prefix=None):
+    """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable; cache_prefix its creating
+    call's continued positions. positions_BxL and segments_BxL: documents packed in each row, positions restarting
+    in each (TransformerStack)."""
     hidden_BxLxD = self.hidden_states(tokens_BxL, valid_BxL=valid_BxL, deterministic=deterministic,
-                                      use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL)
+                                      use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL,
+                                      cache_prefix=cache_prefix)
     logits = self.logits(hidden_BxLxD)
     chex.assert_shape(logits, (*tokens_BxL.shape, self.config.vocab_size))
     return logits
 
   def hidden_states(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False,
-                    positions_BxL=None, segments_BxL=None):
+                    positions_BxL=None, segments_BxL=None, cache_prefix=None):
     """The last layer's output (after the final norm) B x L x D, before the output projection: a caller that
     scores long sequences forms the B x L x C logits a chunk of positions at a time (model.apply(..., method=
     DecoderOnly.logits))."""
     check_token_input(tokens_BxL, 'tokens')
     return self.decoder(self.embedding(tokens_BxL), valid_BxL=valid_BxL, deterministic=deterministic,
-                        use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL)
+                        use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL,
+                        cache_prefix=cache_prefix)
 
   def logits(self, hidden_BxLxD):
     return self.embedding.logits(hidden_BxLxD)
@@ -264,9 +267,9 @@ def _prompt_in_cache(model: DecoderOnly, params, prompt_BxLp, capacity: int):
   prompt_length = prompt_BxLp.shape[1]
   padded_BxL = jnp.pad(prompt_BxLp, ((0, 0), (0, capacity - prompt_length)))
   hidden_BxLxD, variables = model.apply(params, padded_BxL, use_cache=True, mutable=['cache'],
-                                        method=DecoderOnly.hidden_states)
+                                        method=DecoderOnly.hidden_states, cache_prefix=prompt_length)
   logits_BxC = model.apply(params, hidden_BxLxD[:, prompt_length - 1], method=DecoderOnly.logits)
-  return logits_BxC, cache_continuing_at(variables['cache'], prompt_length)
+  return logits_BxC, variables['cache']
 
 
 def decoder_only_generate(model: DecoderOnly, params, prompt_BxLp, num_new_tokens: int,

@@ -15,6 +15,7 @@ from transformer.attention_request import AttentionMask, AttentionPositions, Att
 from transformer.layers import EMBED, HEADS, KV_HEADS, Dense, RMSNorm, linear, parameter
 from transformer.positions.ssmax import keys_seen, scalable_query
 from transformer.positions.temperature import tempered_query
+from transformer.rolling_cache import RollingCache, rolled
 
 
 class MultiHeadAttention(nn.Module):
@@ -51,7 +52,7 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
                mask: Union[AttentionMask, chex.Array, None] = None, positions: Optional[AttentionPositions] = None,
                deterministic: bool = True, use_cache: bool = False,
-               cache_index: Optional[chex.Array] = None) -> chex.Array:
+               cache_index: Optional[chex.Array] = None, rolling: Optional[RollingCache] = None) -> chex.Array:
     """mask: an AttentionMask, or a boolean array (True = attend) broadcastable to B x H x Lq x Lk.
     positions: the layer's hooks and the positions they read; None adds no position terms.
 
@@ -61,6 +62,8 @@ class MultiHeadAttention(nn.Module):
     writes its new keys and values there and attends over the whole cache (the mask hides the
     slots not yet written), cross-attention reuses the memory's keys and values stored by the
     first call. Keys and positions are those of the cache: positions.k_positions_BxLk spans its capacity.
+    rolling (a sliding layer's self-attention): the cache holds the last rolling.size keys and values instead
+    (rolling_cache.py), and a later call attends over those and its own, whose positions k_positions_BxLk gives.
     """
     chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
     width = inputs_q_BxLqxD.shape[-1]
@@ -81,7 +84,9 @@ class MultiHeadAttention(nn.Module):
       query, key, scale = self._rotate_and_scale(query, key, positions, cached_step, scale)
       self._check_softmax_settings(positions)
       query = self._query_factors(query, mask, positions)
-    if use_cache:
+    if use_cache and rolling is not None and is_self_attention:
+      key, value = self._rolling_keys_values(key, value, cache_index, rolling)
+    elif use_cache:
       key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     settings = CoreSettings(attention_core.current_backend(), self.block_size, self.key_block_size,
@@ -176,6 +181,17 @@ class MultiHeadAttention(nn.Module):
     if seen is None and mask.key_valid_BxLk is not None:
       seen = mask.key_valid_BxLk[:, None, None, :]
     return scalable_query(query_BxLqxHxK, scale_H, keys_seen(seen, batch, length_q, key_length))
+
+  def _rolling_keys_values(self, key, value, cache_index, rolling: RollingCache):
+    """The first call keeps the keys and values of rolling.kept_R and attends as without a cache; a later call
+    attends over the R kept and its own, and keeps the newest R (rolling_cache.rolled)."""
+    cached_key = self.variable('cache', 'cached_key', lambda: key[:, rolling.kept_R])
+    cached_value = self.variable('cache', 'cached_value', lambda: value[:, rolling.kept_R])
+    if cache_index is None:
+      return key, value
+    key, cached_key.value = rolled(cached_key.value, key)
+    value, cached_value.value = rolled(cached_value.value, value)
+    return key, value
 
   def _cached_keys_values(self, key, value, cache_index, is_self_attention):
     """The cache's keys and values, B x capacity x G x K, after writing this call's at cache_index."""

@@ -251,6 +251,8 @@ class Variant:
   settings: type[Settings] = Settings
   shift_invariant: bool = False  # the paper's claim: attention depends on positions only through i - j
   causal_only: bool = False  # serves causal attention only (decoders); bidirectional attention is refused
+  rolling_cache: bool = True  # a sliding layer may decode through a rolling cache of its last W keys (False: the
+  #                             layer keeps every earlier token's data in a cache of its own, so its keys stay too)
 
   def setting_names(self) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(self.settings))

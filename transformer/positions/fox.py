@@ -107,4 +107,4 @@ class FoxLayer(LayerPositions):
 
 
 VARIANT = Variant(StackPositions, FoxLayer, 'Lin et al. 2025 (Forgetting Transformer)', FoxSettings,
-                  shift_invariant=True, causal_only=True)
+                  shift_invariant=True, causal_only=True, rolling_cache=False)

@@ -200,4 +200,5 @@ class PathLayer(LayerPositions):
     return True
 
 
-VARIANT = Variant(StackPositions, PathLayer, 'Yang et al. 2025 (PaTH attention)', shift_invariant=True, causal_only=True)
+VARIANT = Variant(StackPositions, PathLayer, 'Yang et al. 2025 (PaTH attention)', shift_invariant=True, causal_only=True,
+                  rolling_cache=False)
