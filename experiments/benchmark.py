@@ -1,4 +1,4 @@
-"""Benchmarks, one command with seven subcommands (each prints a table; see BENCHMARKS.md):
+"""Benchmarks, one command with eight subcommands (each prints a table; see BENCHMARKS.md):
 
   python -m experiments.benchmark [step] [--positions=all --lengths=256,1024 --peer ...]
       the training step of every positional variant: time, tokens/s, MFU, peak memory
@@ -21,6 +21,9 @@
   python -m experiments.benchmark sweep [--config=configs/algorithmic.py:copy --jobs=1,2 --repeats=2 ...]
       one compare sweep's wall time with each --jobs value, and whether their tables are the same
       (experiments/benchmarks/sweep.py)
+  python -m experiments.benchmark streaming [--cache_size=128 --sink_tokens=4 --multiples=8,64 ...]
+      a stream scored token by token through StreamingLLM's cache against a cache of every position: time per
+      token and memory by stream length (experiments/benchmarks/streaming.py)
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -61,13 +64,18 @@ def _sweep():
   return sweep
 
 
+def _streaming():
+  from experiments.benchmarks import streaming
+  return streaming
+
+
 def _seeds():
   from experiments.benchmarks import seeds
   return seeds
 
 
 SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds, 'corpus': _corpus,
-               'sharding': _sharding, 'sweep': _sweep}  # each module defines its own flags
+               'sharding': _sharding, 'sweep': _sweep, 'streaming': _streaming}  # each module defines its own flags
 
 
 def main():

@@ -17,6 +17,9 @@ skipped, with a line saying so. --factor is s for pi, ntk, dynamic_ntk_sequence,
 new length over the original one; required for them), while dynamic_ntk computes its own.
 --rope_scaling=config.json gives longrope the factors of a Hugging Face config (its rope_scaling;
 experiments/evaluation/rope_scaling.py).
+--protocol=streaming --sink_tokens=4 --cache_size=N scores the stream's first L tokens (each --lengths L) one at a
+time through StreamingLLM's cache: the first 4 tokens and the most recent ones in N slots, positions by slot, in
+memory that does not grow with L (experiments/evaluation/streaming.py).
 --position sets other variants' analogues (interpolation_factor of sinusoidal and learned tables, the
 NoPE temperature of Llama 4) on every run.
 
@@ -61,8 +64,12 @@ _LENGTHS = flags.DEFINE_string('lengths', None, 'Comma-separated window lengths,
 _EXTENSION = flags.DEFINE_string('extension', 'none', f'Comma-separated methods among: {", ".join(METHODS)}.')
 _FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn, llama3 and longrope (required with '
                              'them).')
-_PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', list(windows.PROTOCOLS), 'windows: non-overlapping; sliding: '
-                              'a window every stride tokens, each token scored once (experiments/evaluation/windows.py).')
+_PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', [*windows.PROTOCOLS, 'streaming'], 'windows: non-overlapping; '
+                              'sliding: a window every stride tokens, each token scored once (experiments/evaluation/'
+                              'windows.py); streaming: token by token through StreamingLLM\'s cache of --cache_size '
+                              'slots, --sink_tokens of them the stream\'s first (experiments/evaluation/streaming.py).')
+_SINK_TOKENS = flags.DEFINE_integer('sink_tokens', 4, 'streaming: the first tokens of the stream the cache keeps.')
+_CACHE_SIZE = flags.DEFINE_integer('cache_size', 0, 'streaming: the cache\'s slots, sink tokens included (required).')
 _STRIDE = flags.DEFINE_float('stride', 0.5, 'sliding: the stride as a fraction of the window length, in (0, 1).')
 _POSITION = flags.DEFINE_string('position', '', 'FIELD=VALUE,... set on every run\'s model.position at evaluation: '
                                 'the analogues for other variants, e.g. interpolation_factor=4 (sinusoidal, learned) '
@@ -106,6 +113,14 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
   for name, value in (('--tokens', _TOKENS.value), ('--batch_size', _BATCH_SIZE.value)):
     if value < 1:
       raise ValueError(f'{name}: got {value}; valid: a positive integer')
+  streaming = _PROTOCOL.value == 'streaming'
+  for name in ('sink_tokens', 'cache_size'):
+    if flags.FLAGS[name].present and not streaming:
+      raise ValueError(f'--{name}: set with --protocol={_PROTOCOL.value}; valid: only with --protocol=streaming')
+  if streaming and not 0 <= _SINK_TOKENS.value < _CACHE_SIZE.value:
+    raise ValueError(f'--cache_size: got {_CACHE_SIZE.value} with --sink_tokens={_SINK_TOKENS.value}; valid with '
+                     '--protocol=streaming: more slots than sink tokens (the cache holds the sinks and the most '
+                     'recent tokens)')
   position = long_context.parse_position(_POSITION.value)
   if _ROPE_SCALING.value:
     if 'longrope' not in methods:
@@ -115,7 +130,9 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
   return [long_context.Request(method=m, factor=_FACTOR.value if m in STATIC else 1.0, protocol=_PROTOCOL.value,
                                stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value,
                                position_overrides=position + (longrope if m == 'longrope' else ()),
-                               corpus=os.path.abspath(_CORPUS.value) if _CORPUS.value else '')
+                               corpus=os.path.abspath(_CORPUS.value) if _CORPUS.value else '',
+                               sink_tokens=_SINK_TOKENS.value if streaming else 0,
+                               cache_size=_CACHE_SIZE.value if streaming else 0)
           for m in methods]
 
 
@@ -173,7 +190,7 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
       raise ValueError(f'--workdir: {workdir} was trained on {named[workdir]} and {workdirs[0]} on '
                        f'{named[workdirs[0]]}; valid: runs of one task and data, so that one table compares them')
     if not task_lengths.reads_stream(task):
-      for name in ('protocol', 'stride', 'tokens'):
+      for name in ('protocol', 'stride', 'tokens', 'sink_tokens', 'cache_size'):
         if flags.FLAGS[name].present:
           raise ValueError(f'--{name}: set for {workdir}, a {task.settings.name} run; valid: only for language models '
                            'scored over a held-out stream (a task run is scored on the trainer\'s own evaluation '

@@ -288,3 +288,20 @@ def test_sweep_benchmark_times_each_jobs_value_and_compares_the_tables(tmp_path)
                                env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
   assert refused.returncode == 2 and refused.stderr.strip() == (
       'error: --jobs: got 1,1x0; valid: comma-separated J or JxC, positive integers, e.g. 1,2,1x2')
+
+
+@pytest.mark.slow
+def test_the_streaming_benchmark_keeps_streamingllms_memory_flat_where_the_whole_cache_grows():
+  """Two stream lengths (1x and 8x the 8 slots), each cache in its own process: StreamingLLM's compiled scan needs the
+  same temporary memory at both, the whole cache more at the longer one."""
+  environment = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu')
+  result = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'streaming',
+                               '--config=configs/llama.py:smoke', '--cache_size=8', '--sink_tokens=2',
+                               '--multiples=1,8', '--repeats=1'], cwd=ROOT, env=environment, capture_output=True,
+                              text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = {(row[0], int(row[1])): [float(value) for value in row[3:]] for row in
+          (line.split() for line in result.stdout.splitlines()[2:])}
+  assert sorted(rows) == [('streaming', 8), ('streaming', 64), ('whole', 8), ('whole', 64)]
+  assert rows['streaming', 64][1] == rows['streaming', 8][1]  # XLA's temporary memory, MB
+  assert rows['whole', 64][1] > rows['whole', 8][1]

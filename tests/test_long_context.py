@@ -254,3 +254,31 @@ def test_the_logits_formed_a_chunk_of_positions_at_a_time_give_one_passs_bits(mo
       logits.max(-1, keepdims=True)
   expected = -np.take_along_axis(log_probabilities, targets[..., None], -1)[..., 0] / np.log(2.0)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stream_scored_through_streamingllms_cache(tiny_run):
+  """--protocol=streaming: with a cache as long as the stream, the bits of the one window the 'windows' protocol
+  reads over the same tokens; with a shorter one (4 sinks, 16 slots) other bits, in a directory of its own whose
+  name and record say the sinks and the slots; a cache no larger than its sinks refused."""
+  length = 64
+  _, whole = long_context.evaluate_run(tiny_run, [length], _request(protocol='windows', tokens=length),
+                                       log=lambda line: None)
+  _, streamed = long_context.evaluate_run(tiny_run, [length], _request(protocol='streaming', tokens=length,
+                                                                       sink_tokens=4, cache_size=length),
+                                          log=lambda line: None)
+  np.testing.assert_allclose(streamed[length]['bits_per_character'], whole[length]['bits_per_character'], rtol=1e-5)
+  np.testing.assert_allclose(streamed[length]['bits_by_position'], whole[length]['bits_by_position'], atol=1e-4)
+  directory, short = long_context.evaluate_run(tiny_run, [length], _request(protocol='streaming', tokens=length,
+                                                                            sink_tokens=4, cache_size=16),
+                                               log=lambda line: None)
+  assert directory.endswith('none-streaming-s4-c16-64')
+  np.testing.assert_allclose(short[length]['bits_by_position'][:15], streamed[length]['bits_by_position'][:15],
+                             atol=1e-4)  # the cache not yet full
+  assert short[length]['bits_per_character'] != streamed[length]['bits_per_character']
+  with open(os.path.join(directory, 'evaluation.json')) as file:
+    recorded = json.load(file)
+  assert (recorded['protocol'], recorded['sink_tokens'], recorded['cache_size']) == ('streaming', 4, 16)
+  assert 'stride_fraction' not in recorded
+  with pytest.raises(ValueError, match=r'--sink_tokens, --cache_size: got 4 and 4; valid: 0 <= sink tokens < cache'):
+    long_context.prepare_evaluation(tiny_run, [length], _request(protocol='streaming', tokens=length, sink_tokens=4,
+                                                                 cache_size=4))

@@ -21,7 +21,7 @@ from transformer.multi_head_attention import MultiHeadAttention
 from transformer.positions.base import Shared
 from transformer.positions.randomized import randomized_positions
 from transformer import rolling_cache
-from transformer.rolling_cache import RollingCache
+from transformer.rolling_cache import RollingCache, StreamingCache
 
 
 def _hook_fields(config: ModelConfig, num_layers: int, causal: bool, has_cls: bool, position: PositionConfig = None,
@@ -106,7 +106,7 @@ class TransformerLayer(nn.Module):
   def __call__(self, x_BxLxD, *, self_mask, positions_BxL, shared: Shared, memory_BxLsxD=None, memory_mask=None,
                key_positions_BxLk=None, use_cache: bool = False, cache_index=None, valid_BxL=None,
                memory_valid_BxLs=None, kernel_shared: Shared = None, segments_BxL=None,
-               rolling: Optional[RollingCache] = None):
+               rolling: Optional[RollingCache] = None, streaming: Optional[StreamingCache] = None):
     """With config.aligned_cross_attention, target position i and source position i are the same
     step (SAINT's exercises and responses), so cross-attention gets position hooks of its own.
     valid_BxL, memory_valid_BxLs, segments_BxL: the padding and the packed rows' documents the masks were built
@@ -114,7 +114,7 @@ class TransformerLayer(nn.Module):
     position terms.
     key_positions_BxLk: the keys' positions when they are not the queries' (incremental decoding: the
     cache's slots; aligned cross-attention's source steps are the same); use_cache and cache_index:
-    MultiHeadAttention's; rolling: a sliding layer's rolling cache (rolling_cache.py)."""
+    MultiHeadAttention's; rolling: a sliding layer's rolling cache, streaming: StreamingLLM's (rolling_cache.py)."""
     config, deterministic = self.config, self.deterministic
     key_positions_BxLk = positions_BxL if key_positions_BxLk is None else key_positions_BxLk
     cache = dict(use_cache=use_cache, cache_index=cache_index)
@@ -129,7 +129,7 @@ class TransformerLayer(nn.Module):
                                         None if use_cache else sequence_length_of(key_positions_BxLk, valid_BxL))
     self_attention_mask = self._self_attention_mask(self_mask, cache_index, valid_BxL, segments_BxL)
     attend = lambda y: self_attention(y, y, mask=self_attention_mask, positions=self_positions,
-                                      deterministic=deterministic, rolling=rolling, **cache)
+                                      deterministic=deterministic, rolling=rolling, streaming=streaming, **cache)
     feed_forward = FeedForward(config.feed_forward_dim, config.activation, config.dropout_rate,
                                config.use_bias or config.feed_forward_bias, name='feed_forward')
     if config.parallel_residual:
@@ -182,7 +182,14 @@ ROLLING_POSITIONS = 'rolling_positions'  # the positions the sliding layers' rol
 
 
 class TransformerStack(nn.Module):
-  """Embedded inputs -> positional embed hook -> N layers (sharing the stack's shared terms)."""
+  """Embedded inputs -> positional embed hook -> N layers (sharing the stack's shared terms).
+
+  Decoding (use_cache): cache_prefix, the creating call's first positions that the decoding continues after (a
+  prompt padded to the capacity; causal, so the padding changes none of them); None: all of them. A sliding layer's
+  cache holds the last W positions only (rolling_cache.py; unpacked rows, variants that keep no per-token cache of
+  their own), however long the decoding. streaming = (S, N): StreamingLLM's cache in every layer instead
+  (rolling_cache.py), one token a call and no creating call: the first S tokens and the most recent ones in N
+  slots, positions by slot."""
   config: ModelConfig
   num_layers: int
   causal: bool
@@ -193,16 +200,14 @@ class TransformerStack(nn.Module):
   def __call__(self, x_BxLxD: chex.Array, *, valid_BxL: Optional[chex.Array] = None,
                memory_BxLsxD: Optional[chex.Array] = None, memory_valid_BxLs: Optional[chex.Array] = None,
                deterministic: bool = True, use_cache: bool = False, positions_BxL: Optional[chex.Array] = None,
-               segments_BxL: Optional[chex.Array] = None, cache_prefix: Optional[int] = None) -> chex.Array:
+               segments_BxL: Optional[chex.Array] = None, cache_prefix: Optional[int] = None,
+               streaming: Optional[tuple[int, int]] = None) -> chex.Array:
     """use_cache: incremental decoding of a causal stack (the 'cache' collection, mutable). The first
     call creates the cache, sized by its input's length (the capacity: every position the decoding
     will feed), and computes as without it; each later call feeds the next x_BxLxD.shape[1]
     positions (one token, or a whole prompt at once), attending over the cache instead of
     recomputing the prefix. Feeding past the capacity is not detected inside jit: size it for the
-    whole decoding. cache_prefix: the creating call's first positions that the decoding continues after (a prompt
-    padded to the capacity; causal, so the padding changes none of them); None: all of them. A sliding layer's
-    cache holds the last W positions only (rolling_cache.py; unpacked rows, variants that keep no per-token cache
-    of their own), however long the decoding.
+    whole decoding. cache_prefix and streaming: the class's docstring.
 
     positions_BxL, segments_BxL: several documents packed in a row. Each token's position within its
     document (restarting at 0 in each) and its document's id within the row; a token attends only to
@@ -213,24 +218,24 @@ class TransformerStack(nn.Module):
     chex.assert_axis_dimension(x_BxLxD, 2, config.model_dim)
     length = x_BxLxD.shape[1]
     packed = positions_BxL is not None or segments_BxL is not None
-    positions_BxL, key_positions_BxLk, cache_index, cached_mask = self._stack_positions(
-        x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache, cache_prefix)
-    stacks = {name: position.variant.stack(
-        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, position), name=name)
-              for name, position in (('position', config.position), ('local_position', config.local_position))
-              if position is not None}
+    positions_BxL, key_positions_BxLk, cache_index, cached_mask = (
+        self._streaming_positions(x_BxLxD, packed, valid_BxL, *streaming) if use_cache and streaming else
+        self._stack_positions(x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache, cache_prefix))
+    stacks = self._position_stacks()
     # a float32 table would promote
     x_BxLxD = batch_split(stacks['position'].embed(x_BxLxD, positions_BxL).astype(config.dtype))
     x_BxLxD = Dropout(config.dropout_rate)(x_BxLxD, deterministic)
     self_mask = cached_mask if cache_index is not None else self._self_mask(valid_BxL, length, segments_BxL)
-    rolling = self._rolling(length, cache_index, positions_BxL, cache_prefix) if use_cache and not packed else None
+    rolling = None if not use_cache or packed or streaming else self._rolling(length, cache_index, positions_BxL,
+                                                                               cache_prefix)
     terms = {}  # (position name, whether the keys are a rolling cache's) -> its stack's terms, computed once
     memory_mask = None if not self.cross_attention else self._memory_mask(
         memory_BxLsxD, memory_valid_BxLs, key_positions_BxLk.shape[1], None if cache_index is None else self_mask)
     layer_type = TransformerLayer if config.remat == 'none' or use_cache else nn.remat(
         TransformerLayer, policy=REMAT_SAVES[config.remat])
-    cached_step = {} if not use_cache else dict(key_positions_BxLk=key_positions_BxLk, use_cache=True,
-                                                cache_index=cache_index)
+    cached_step = {} if not use_cache else dict(
+        key_positions_BxLk=key_positions_BxLk, use_cache=True, cache_index=cache_index,
+        streaming=StreamingCache(streaming[1], streaming[0], cache_index) if streaming else None)
     mask_sources = dict(valid_BxL=valid_BxL, memory_valid_BxLs=memory_valid_BxLs, segments_BxL=segments_BxL)
     for index in range(self.num_layers):
       layer_mask, layer_keys, layer_step = self._layer_view(index, self_mask, positions_BxL, key_positions_BxLk,
@@ -248,6 +253,14 @@ class TransformerStack(nn.Module):
       x_BxLxD = norm_layer(config.norm_type, config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD
+
+  def _position_stacks(self) -> dict:
+    """{'position': its stack hooks, and 'local_position': the local layers' where model.local_position is set}."""
+    config = self.config
+    return {name: position.variant.stack(
+        **_hook_fields(config, self.num_layers, self.causal, self.has_cls, position), name=name)
+            for name, position in (('position', config.position), ('local_position', config.local_position))
+            if position is not None}
 
   def _layer_view(self, index: int, self_mask, positions_BxL, key_positions_BxLk, cached_step: dict, rolling):
     """(mask, keys' positions, the cached step's arguments) of layer `index`: the stack's, with a local layer's
@@ -287,6 +300,28 @@ class TransformerStack(nn.Module):
     window = window_mask(positions_BxL, key_positions_1xK, window=config.sliding_window)
     up_to_own = key_positions_1xK[:, None, None, :] <= positions_BxL[:, None, :, None]
     return RollingCache(slots.value.shape[1]), key_positions_1xK, jnp.logical_and(window, up_to_own)
+
+  def _streaming_positions(self, x_BxLxD, packed: bool, valid_BxL, sinks: int, size: int):
+    """(the query's position 1 x 1, the slots' 1 x N, the tokens fed before, the mask of the written slots
+    1 x 1 x 1 x N) of a streaming call (StreamingLLM, rolling_cache.py): after t tokens the query sits at slot
+    min(t, N - 1) and sees the slots up to its own."""
+    config = self.config
+    if not 0 <= sinks < size:
+      raise ValueError(f'streaming: got {sinks} sink tokens in a cache of {size}; valid: 0 <= sinks < cache size')
+    if not self.causal or self.cross_attention or packed or valid_BxL is not None or x_BxLxD.shape[1] != 1:
+      raise ValueError('streaming: valid in a decoder-only stack fed one token a call, unpacked and without '
+                       'padding')
+    refused = [config.layer_position(index).kind for index in range(self.num_layers)
+               if not config.layer_position(index).rolling_cache]
+    if refused or config.randomized_max_length:
+      raise ValueError(f'streaming: got a model of {refused[0] if refused else "randomized positions"}; valid: a '
+                       'variant that keeps no per-token cache of its own, at positions 0 .. L - 1')
+    count = self.variable('cache', CACHE_INDEX, lambda: jnp.zeros((), jnp.int32))
+    fed = count.value
+    count.value = fed + 1
+    query_1x1 = jnp.minimum(fed, size - 1)[None, None]
+    slots_1xN = np.arange(size, dtype=np.int32)[None]
+    return query_1x1, slots_1xN, fed, (slots_1xN[:, None, None, :] <= query_1x1[:, None, :, None])
 
   def _stack_positions(self, x_BxLxD, positions_BxL, segments_BxL, valid_BxL, use_cache: bool,
                        cache_prefix: Optional[int] = None):

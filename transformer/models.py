@@ -52,26 +52,26 @@ class DecoderOnly(nn.Module):
     self.decoder = TransformerStack(self.config, self.config.num_decoder_layers, causal=True)
 
   def __call__(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False,
-               positions_BxL=None, segments_BxL=None, cache_prefix=None):
+               positions_BxL=None, segments_BxL=None, cache_prefix=None, streaming=None):
     """use_cache: incremental decoding (TransformerStack), the 'cache' collection mutable; cache_prefix its creating
-    call's continued positions. positions_BxL and segments_BxL: documents packed in each row, positions restarting
-    in each (TransformerStack)."""
+    call's continued positions; streaming (S, N) StreamingLLM's cache instead. positions_BxL and segments_BxL:
+    documents packed in each row, positions restarting in each (TransformerStack)."""
     hidden_BxLxD = self.hidden_states(tokens_BxL, valid_BxL=valid_BxL, deterministic=deterministic,
                                       use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL,
-                                      cache_prefix=cache_prefix)
+                                      cache_prefix=cache_prefix, streaming=streaming)
     logits = self.logits(hidden_BxLxD)
     chex.assert_shape(logits, (*tokens_BxL.shape, self.config.vocab_size))
     return logits
 
   def hidden_states(self, tokens_BxL, *, valid_BxL=None, deterministic: bool = True, use_cache: bool = False,
-                    positions_BxL=None, segments_BxL=None, cache_prefix=None):
+                    positions_BxL=None, segments_BxL=None, cache_prefix=None, streaming=None):
     """The last layer's output (after the final norm) B x L x D, before the output projection: a caller that
     scores long sequences forms the B x L x C logits a chunk of positions at a time (model.apply(..., method=
     DecoderOnly.logits))."""
     check_token_input(tokens_BxL, 'tokens')
     return self.decoder(self.embedding(tokens_BxL), valid_BxL=valid_BxL, deterministic=deterministic,
                         use_cache=use_cache, positions_BxL=positions_BxL, segments_BxL=segments_BxL,
-                        cache_prefix=cache_prefix)
+                        cache_prefix=cache_prefix, streaming=streaming)
 
   def logits(self, hidden_BxLxD):
     return self.embedding.logits(hidden_BxLxD)

@@ -15,7 +15,7 @@ from transformer.attention_request import AttentionMask, AttentionPositions, Att
 from transformer.layers import EMBED, HEADS, KV_HEADS, Dense, RMSNorm, linear, parameter
 from transformer.positions.ssmax import keys_seen, scalable_query
 from transformer.positions.temperature import tempered_query
-from transformer.rolling_cache import RollingCache, rolled
+from transformer.rolling_cache import RollingCache, StreamingCache, rolled, streamed
 
 
 class MultiHeadAttention(nn.Module):
@@ -52,7 +52,8 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, inputs_q_BxLqxD: chex.Array, inputs_kv_BxLkxD: chex.Array, *,
                mask: Union[AttentionMask, chex.Array, None] = None, positions: Optional[AttentionPositions] = None,
                deterministic: bool = True, use_cache: bool = False,
-               cache_index: Optional[chex.Array] = None, rolling: Optional[RollingCache] = None) -> chex.Array:
+               cache_index: Optional[chex.Array] = None, rolling: Optional[RollingCache] = None,
+               streaming: Optional[StreamingCache] = None) -> chex.Array:
     """mask: an AttentionMask, or a boolean array (True = attend) broadcastable to B x H x Lq x Lk.
     positions: the layer's hooks and the positions they read; None adds no position terms.
 
@@ -64,6 +65,8 @@ class MultiHeadAttention(nn.Module):
     first call. Keys and positions are those of the cache: positions.k_positions_BxLk spans its capacity.
     rolling (a sliding layer's self-attention): the cache holds the last rolling.size keys and values instead
     (rolling_cache.py), and a later call attends over those and its own, whose positions k_positions_BxLk gives.
+    streaming (self-attention, one token a call): StreamingLLM's slots (rolling_cache.py), the keys kept before the
+    rotation and rotated at the slots' positions, k_positions_BxLk, at every call.
     """
     chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
     width = inputs_q_BxLqxD.shape[-1]
@@ -73,10 +76,12 @@ class MultiHeadAttention(nn.Module):
     if not isinstance(mask, AttentionMask):
       mask = AttentionMask(mask)
     is_self_attention = inputs_q_BxLqxD is inputs_kv_BxLkxD
-    cached_step = use_cache and cache_index is not None
+    cached_step = use_cache and cache_index is not None and streaming is None
     query, key, value = self._project(inputs_q_BxLqxD, inputs_kv_BxLkxD, is_self_attention,
                                       reads_memory_cache=cached_step and not is_self_attention)
     query, key = self._normalized(query, key)
+    if use_cache and streaming is not None:  # every slot's key, to be rotated at its slot's position
+      key, value = self._streaming_keys_values(key, value, streaming)
     scale = 1.0 / math.sqrt(self.query_scale or query.shape[-1])
     if positions is not None:
       positions = dataclasses.replace(positions, shared=positions.hooks.from_inputs(
@@ -84,9 +89,9 @@ class MultiHeadAttention(nn.Module):
       query, key, scale = self._rotate_and_scale(query, key, positions, cached_step, scale)
       self._check_softmax_settings(positions)
       query = self._query_factors(query, mask, positions)
-    if use_cache and rolling is not None and is_self_attention:
+    if use_cache and streaming is None and rolling is not None and is_self_attention:
       key, value = self._rolling_keys_values(key, value, cache_index, rolling)
-    elif use_cache:
+    elif use_cache and streaming is None:
       key, value = self._cached_keys_values(key, value, cache_index, is_self_attention)
     rng = None if deterministic or self.dropout_rate == 0.0 else self.make_rng('dropout')
     settings = CoreSettings(attention_core.current_backend(), self.block_size, self.key_block_size,
@@ -181,6 +186,17 @@ class MultiHeadAttention(nn.Module):
     if seen is None and mask.key_valid_BxLk is not None:
       seen = mask.key_valid_BxLk[:, None, None, :]
     return scalable_query(query_BxLqxHxK, scale_H, keys_seen(seen, batch, length_q, key_length))
+
+  def _streaming_keys_values(self, key, value, streaming: StreamingCache):
+    """The N slots' keys and values after writing this call's one token (rolling_cache.streamed)."""
+    if key.shape[1] != 1:
+      raise ValueError(f'streaming: got {key.shape[1]} tokens in one call; valid: 1 (a stream is fed token by token)')
+    slots = lambda x: jnp.zeros((x.shape[0], streaming.size, *x.shape[2:]), x.dtype)
+    cached_key = self.variable('cache', 'streamed_key', slots, key)
+    cached_value = self.variable('cache', 'streamed_value', slots, value)
+    cached_key.value = streamed(cached_key.value, key, streaming)
+    cached_value.value = streamed(cached_value.value, value, streaming)
+    return cached_key.value, cached_value.value
 
   def _rolling_keys_values(self, key, value, cache_index, rolling: RollingCache):
     """The first call keeps the keys and values of rolling.kept_R and attends as without a cache; a later call

@@ -27,7 +27,7 @@ import numpy as np
 
 import transformer
 from experiments.runs import checkpoints, corpus_choice, run_record, settings as run_settings
-from experiments.evaluation import task_lengths, windows
+from experiments.evaluation import streaming, task_lengths, windows
 from experiments.runs.metrics import whole_lines
 from experiments.shared.files import append_line_durably, exclusive_lock, write_json_atomically, write_text_atomically
 from transformer.positions.extension import ExtensionSettings, METHODS
@@ -47,6 +47,8 @@ class Request:
   position_overrides: tuple = ()  # (field, value) pairs set on the run's model.position: another variant's analogue
   #                       (interpolation_factor of sinusoidal and learned, the NoPE temperature)
   corpus: str = ''      # a corpus directory of the run's tokenizer to score instead of the run's own ('')
+  sink_tokens: int = 0  # streaming: the first tokens the cache keeps (streaming.py)
+  cache_size: int = 0   # streaming: the cache's slots, sinks included
 
 
 def override_text(value) -> str:
@@ -58,12 +60,14 @@ def override_text(value) -> str:
 
 def default_name(request: Request, task_batches: Optional[tuple] = None) -> str:
   """method, factor, overrides, then how it was scored: the protocol and tokens of a stream, or a task's
-  (evaluation batches, batch size), e.g. yarn-x4-sliding0.5-600 or yarn-x4-batches4x32."""
+  (evaluation batches, batch size), e.g. yarn-x4-sliding0.5-600, none-streaming-s4-c128-8192 or
+  yarn-x4-batches4x32."""
   factor = '' if request.method in ('none', 'dynamic_ntk') else f'-x{request.factor:g}'
   settings = ''.join(f'-{field}{override_text(value)}' for field, value in request.position_overrides)
   if task_batches is not None:
     return f'{request.method}{factor}{settings}-batches{task_batches[0]}x{task_batches[1]}'
-  protocol = request.protocol if request.protocol == 'windows' else f'sliding{request.stride_fraction:g}'
+  protocol = {'windows': 'windows', 'sliding': f'sliding{request.stride_fraction:g}',
+              'streaming': f'streaming-s{request.sink_tokens}-c{request.cache_size}'}[request.protocol]
   return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'
 
 
@@ -273,6 +277,8 @@ def protocol_of(description: dict) -> tuple:
   evaluation batches, batch size) for a task run's own problems. Evaluations compare only under one."""
   if description['protocol'] == 'task':
     return 'task', description['eval_batches'], description['eval_batch_size']
+  if description['protocol'] == 'streaming':
+    return 'streaming', f'{description["sink_tokens"]}/{description["cache_size"]}', description['tokens']
   return description['protocol'], description['stride_fraction'], description['tokens']
 
 
@@ -280,6 +286,10 @@ def protocol_text(protocol: tuple) -> str:
   kind, first, second = protocol
   if kind == 'task':
     return f'the trainer\'s {first} evaluation batches of {second} problems, drawn from each run\'s seed'
+  if kind == 'streaming':
+    sinks, size = first.split('/')
+    return f'token by token through a cache of {size} ({sinks} sink tokens, the rest the most recent), the first ' \
+           f'L of {second} tokens'
   windows_text = 'non-overlapping windows' if kind == 'windows' else f'sliding windows, stride {first:g} of the length'
   return f'{windows_text}, the first {second} tokens'
 
@@ -326,6 +336,9 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
     raise ValueError(f'--extension: got {request.method!r}; valid: {", ".join(METHODS)}')
   config, original = extended_config(config, trained_positions(task), request)
   longest = max(lengths) if streamed else task.sequence_length(max(lengths))  # a task's problems hold more tokens
+  if request.protocol == 'streaming':
+    _check_streaming(config, request, streamed)
+    longest = request.cache_size  # positions by slot
   try:
     config.position.settings.check_positions(longest - 1)
   except ValueError as error:
@@ -342,6 +355,8 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   description['position_overrides'] = [list(pair) for pair in request.position_overrides]
   description['corpus_name'] = corpus_name(task)
   description.pop('batch_size')  # how many windows run at once does not change a number
+  for field in ('sink_tokens', 'cache_size') if request.protocol != 'streaming' else ('stride_fraction',):
+    description.pop(field)  # what this protocol does not read
   task_batches = None
   if streamed:
     available = len(task.stream('eval'))
@@ -353,7 +368,7 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   else:  # the trainer's evaluation batches: their count, size and seed decide the problems, not the request
     task_batches = (int(resolved['task']['eval_batches']), int(resolved['train']['batch_size']))
     for field in ('protocol', 'stride_fraction', 'tokens'):
-      description.pop(field)
+      description.pop(field, None)
     description.update(protocol='task', seed=int(resolved['seed']), eval_batches=task_batches[0],
                        eval_batch_size=task_batches[1])
   directory = os.path.join(workdir, EVALUATIONS,
@@ -361,6 +376,21 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   exists = _records_this_evaluation(directory, description)
   return Evaluation(workdir=workdir, lengths=tuple(lengths), request=request, config=config, task=task, step=step,
                     directory=directory, description=description, exists=exists)
+
+
+def _check_streaming(config: transformer.ModelConfig, request: Request, streamed: bool) -> None:
+  """ValueError for a streaming evaluation that cannot run: a task run, a cache that holds nothing but sinks, a
+  variant that keeps a per-token cache of its own (transformer/rolling_cache.py)."""
+  if not streamed:
+    raise ValueError('--protocol: got \'streaming\' for a task run; valid: a language model scored over a stream')
+  if not 0 <= request.sink_tokens < request.cache_size:
+    raise ValueError(f'--sink_tokens, --cache_size: got {request.sink_tokens} and {request.cache_size}; valid: '
+                     '0 <= sink tokens < cache size (the cache holds the sinks and at least one recent token)')
+  refused = sorted({config.layer_position(index).kind for index in range(config.num_decoder_layers)
+                    if not config.layer_position(index).rolling_cache})
+  if refused or config.randomized_max_length:
+    raise ValueError(f'--protocol: got \'streaming\' for a run of {refused[0] if refused else "randomized positions"};'
+                     ' valid: runs of a variant that keeps no per-token cache of its own, at positions 0 .. L - 1')
 
 
 def _records_this_evaluation(directory: str, description: dict) -> bool:
@@ -392,6 +422,11 @@ def _length_scorer(evaluation: Evaluation, params):
                              batch_size=description['eval_batch_size'], batches=description['eval_batches'],
                              width_cap=cap)
   stream = task.stream('eval')[:request.tokens]
+  if request.protocol == 'streaming':
+    stream_bits = streaming.bits_function(transformer.build_model(evaluation.config, 'decoder_only'),
+                                          request.sink_tokens, request.cache_size)
+    return functools.partial(streaming.evaluate_length, stream_bits, params, stream, task.bos,
+                             token_bytes=getattr(task, 'token_bytes', None))
   bits = bits_function(transformer.build_model(evaluation.config, 'decoder_only'))
   return functools.partial(evaluate_length, bits, params, stream, task.bos, request=request,
                            token_bytes=getattr(task, 'token_bytes', None), packed_rows=getattr(task, 'packed_rows', None))
