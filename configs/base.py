@@ -55,6 +55,7 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   #                                      model's padded vocabulary, to fine-tune it with train.init_from)
   config.model.model_dim = 64          # d_model
   config.model.num_heads = 4           # heads; model_dim must be a multiple
+  config.model.head_width = 0          # each attention head's width; 0: model_dim / num_heads (Gemma 3: wider)
   config.model.num_kv_heads = 0        # key and value heads (grouped-query attention), a divisor of num_heads;
   #                                      1: multi-query; 0: num_heads (multi-head)
   config.model.feed_forward_dim = 256  # d_ff

@@ -64,21 +64,23 @@ def test_rejects_mismatched_shapes():
     scaled_dot_product_attention(q[0], k[0], v[0])
 
 
-def test_multi_head_attention_matches_flax_with_copied_weights():
+@pytest.mark.parametrize('head_dim', [0, 3 * K])  # 0: width / heads; heads wider than that (Gemma 3, Qwen3)
+def test_multi_head_attention_matches_flax_with_copied_weights(head_dim):
   width = H * K
+  heads_width = H * (head_dim or K)
   x = jax.random.normal(jax.random.PRNGKey(0), (B, LQ, width))
   memory = jax.random.normal(jax.random.PRNGKey(1), (B, LK, width))
   mask = jax.random.bernoulli(jax.random.PRNGKey(2), 0.8, (B, 1, LQ, LK)).at[..., 0].set(True)
-  reference = nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=width, out_features=width)
+  reference = nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=heads_width, out_features=width)
   reference_params = nn.meta.unbox(reference.init(jax.random.PRNGKey(3), x, memory)['params'])
   copied = {
-      name: {'kernel': reference_params[name]['kernel'].reshape(width, width),
-             'bias': reference_params[name]['bias'].reshape(width)}
+      name: {'kernel': reference_params[name]['kernel'].reshape(width, heads_width),
+             'bias': reference_params[name]['bias'].reshape(heads_width)}
       for name in ('query', 'key', 'value')
   }
-  copied['out'] = {'kernel': reference_params['out']['kernel'].reshape(width, width),
+  copied['out'] = {'kernel': reference_params['out']['kernel'].reshape(heads_width, width),
                    'bias': reference_params['out']['bias']}
-  ours = MultiHeadAttention(num_heads=H).apply({'params': copied}, x, memory, mask=mask)
+  ours = MultiHeadAttention(num_heads=H, head_dim=head_dim).apply({'params': copied}, x, memory, mask=mask)
   theirs = reference.apply({'params': reference_params}, x, memory, mask=mask)
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
 

@@ -82,7 +82,7 @@ def sequence_length_of(positions_BxL: chex.Array, valid_BxL: Optional[chex.Array
 
 def attention_fields(config: ModelConfig) -> dict:
   """MultiHeadAttention's fields from the model's configuration."""
-  return dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads,
+  return dict(num_heads=config.num_heads, num_kv_heads=config.key_value_heads, head_dim=config.head_width,
               dropout_rate=config.attention_dropout_rate,
               block_size=config.attention_block_size, key_block_size=config.attention_key_block_size,
               implementation=config.attention_implementation, qkv_bias=config.use_bias or config.qkv_bias,

@@ -79,6 +79,8 @@ class ModelConfig:
   vocab_size: int = 256
   model_dim: int = 512
   num_heads: int = 8
+  head_width: int = 0                # each attention head's width K; 0: model_dim / num_heads (Gemma 3, Qwen3:
+  #                                    wider heads than the width divides into)
   num_kv_heads: int = 0              # key and value heads, a divisor of num_heads: grouped-query attention
   #                                    (Ainslie et al. 2023), 1 multi-query; 0: num_heads (multi-head)
   feed_forward_dim: int = 2048
@@ -138,8 +140,9 @@ class ModelConfig:
     for name in ('num_encoder_layers', 'num_decoder_layers', 'input_features', 'attention_block_size',
                  'attention_key_block_size', 'randomized_max_length'):
       require(getattr(self, name) >= 0, name, getattr(self, name), 'an integer >= 0')
-    require(self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
-             f'a divisor of model_dim={self.model_dim}')
+    require(self.head_width >= 0, 'head_width', self.head_width, 'an integer >= 0 (0: model_dim / num_heads)')
+    require(self.head_width or self.model_dim % self.num_heads == 0, 'num_heads', self.num_heads,
+            f'a divisor of model_dim={self.model_dim} (or set head_width)')
     require(self.num_kv_heads >= 0 and self.num_heads % max(self.num_kv_heads, 1) == 0, 'num_kv_heads',
             self.num_kv_heads, f'a divisor of num_heads={self.num_heads} (or 0: num_heads, multi-head attention)')
     for name in ('dropout_rate', 'attention_dropout_rate'):
@@ -216,7 +219,8 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
-    return self.model_dim // self.num_heads
+    """K, each attention head's width: head_width, or model_dim / num_heads."""
+    return self.head_width or self.model_dim // self.num_heads
 
   @property
   def key_value_heads(self) -> int:

@@ -35,6 +35,7 @@ class MultiHeadAttention(nn.Module):
   """
   num_heads: int
   num_kv_heads: int = 0     # key and value heads G, a divisor of num_heads (0: num_heads, multi-head)
+  head_dim: int = 0         # K, each head's width; 0: the model's width / num_heads
   dropout_rate: float = 0.0
   block_size: int = 0       # queries per block in the blockwise core (0: none)
   key_block_size: int = 0   # keys per block there (0: every key a query block sees)
@@ -70,7 +71,7 @@ class MultiHeadAttention(nn.Module):
     """
     chex.assert_rank([inputs_q_BxLqxD, inputs_kv_BxLkxD], 3)
     width = inputs_q_BxLqxD.shape[-1]
-    if width % self.num_heads:
+    if width % self.num_heads and not self.head_dim:
       raise ValueError(f'model width {width} is not divisible by num_heads={self.num_heads}')
     check_groups(self.num_heads, self.key_value_heads)
     if not isinstance(mask, AttentionMask):
@@ -125,15 +126,16 @@ class MultiHeadAttention(nn.Module):
     """Queries B x Lq x H x K, keys and values B x Lk x G x K; keys and values None when they come from the
     cache (cross-attention's memory, projected by the first call)."""
     width = inputs_q_BxLqxD.shape[-1]
-    key_value_width = width // self.num_heads * self.key_value_heads
-    projections = [Dense(width, use_bias=self.qkv_bias, name='query', axes=(EMBED, HEADS))] + [
+    head_dim = self.head_dim or width // self.num_heads
+    query_width, key_value_width = self.num_heads * head_dim, self.key_value_heads * head_dim
+    projections = [Dense(query_width, use_bias=self.qkv_bias, name='query', axes=(EMBED, HEADS))] + [
         Dense(key_value_width, use_bias=self.qkv_bias, name=name, axes=(EMBED, KV_HEADS)) for name in ('key', 'value')]
-    if is_self_attention:  # one matmul of width D + 2 G K instead of three
+    if is_self_attention:  # one matmul of width H K + 2 G K instead of three
       kernels, biases = zip(*(projection.weights(width) for projection in projections))
       dtype = inputs_q_BxLqxD.dtype
       qkv_BxLxO = linear(inputs_q_BxLqxD, jnp.concatenate(kernels, axis=1).astype(dtype),
                          jnp.concatenate(biases).astype(dtype) if self.qkv_bias else None)
-      query, key, value = jnp.split(qkv_BxLxO, [width, width + key_value_width], axis=-1)
+      query, key, value = jnp.split(qkv_BxLxO, [query_width, query_width + key_value_width], axis=-1)
       return (split_heads(query, self.num_heads), split_heads(key, self.key_value_heads),
               split_heads(value, self.key_value_heads))
     query = split_heads(projections[0](inputs_q_BxLqxD), self.num_heads)
