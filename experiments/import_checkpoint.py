@@ -6,7 +6,7 @@
       --factor=2
 
 --source is a Hugging Face model folder (config.json with model.safetensors or a sharded index: Llama, Mistral,
-Qwen2, GPT-2, GPT-NeoX; experiments/pretrained/hugging_face.py) or a GGUF file of the llama or qwen2 architecture
+Qwen2, Gemma 2, Gemma 3, GPT-2, GPT-NeoX; experiments/pretrained/hugging_face.py) or a GGUF file of the llama or qwen2 architecture
 (dequantized to float32; experiments/pretrained/gguf_file.py). A model is not its corpus: --corpus is optional, and
 names the corpus evaluations read when they are given none; every evaluation takes --corpus=DIR, any corpus
 prepared with the model's tokenizer (experiments/runs/corpus_choice.py). A corpus of another tokenizer is refused.
@@ -77,11 +77,14 @@ def run_record_of(source: Source, corpus_directory: str = '') -> dict:
   config.task.eval_lengths = (length,)
   model = dataclasses.asdict(source.config)
   model.pop('position')
+  model.pop('local_position')
   for name in ('vocab_size', 'num_outputs', 'input_features', 'aligned_cross_attention'):
     model.pop(name)
   for name, value in model.items():
     config.model[name] = tuple(value) if isinstance(value, list) else value
   config.model.position = {'kind': source.config.position.kind, **source.config.position.fields()}
+  local = source.config.local_position
+  config.model.local_position = {'kind': ''} if local is None else local.fields()
   config.model.attention_block_size = LONG_QUERY_BLOCK
   config.model.attention_key_block_size = LONG_KEY_BLOCK
   config.train.steps = 1  # checked as a training config; the record says 0, the step it was imported at
