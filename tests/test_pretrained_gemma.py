@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-import transformer as T
 from experiments.pretrained import hugging_face
 from experiments.pretrained.tables import PretrainedError
 
 torch = pytest.importorskip('torch', reason='the yardstick is transformers on PyTorch (pip install torch transformers)')
 transformers = pytest.importorskip('transformers', reason='the yardstick is transformers (pip install transformers)')
+from tests import transformers_yardstick  # pylint: disable=wrong-import-position  (after the skips: it imports torch)
 
 LENGTH, WINDOW = 520, 128
 
@@ -38,18 +38,7 @@ def _tiny(architecture: str, **changes):
 
 
 def _compare(model, folder, dtype=None):
-  """Our logits from the saved folder (weights in dtype) against transformers' in float32 with the same weights."""
-  ids = np.random.default_rng(1).integers(0, model.config.vocab_size, size=(2, LENGTH))
-  with torch.no_grad():
-    if dtype is not None:
-      for parameter in model.parameters():
-        parameter.copy_(parameter.to(dtype).float())
-    expected = model(torch.tensor(ids)).logits.numpy()
-  (model if dtype is None else model.to(dtype)).save_pretrained(folder, safe_serialization=True)
-  config, params = hugging_face.load(str(folder))
-  got = np.asarray(T.DecoderOnly(config).apply(params, ids))
-  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-  return config
+  return transformers_yardstick.compare(model, folder, LENGTH, dtype)
 
 
 @pytest.mark.parametrize('kv_heads', [1, 2])
