@@ -132,6 +132,21 @@ def test_mistral_and_bfloat16_weights(tmp_path):
   assert hugging_face.Tensors(str(tmp_path)).stored_dtype('model.layers.0.self_attn.q_proj.weight') == 'BF16'
 
 
+@pytest.mark.parametrize('kv_heads', [1, 2])
+def test_mistrals_window_shorter_than_the_prompt_gives_transformers_logits(tmp_path, kv_heads):
+  """A sliding_window of 100 over 512 tokens (more than four windows): every layer sliding, as transformers masks."""
+  config = _compare(_tiny('MistralForCausalLM', sliding_window=100, num_key_value_heads=kv_heads), tmp_path)
+  assert (config.layer_types, config.sliding_window) == ('sliding', 100)
+
+
+@pytest.mark.parametrize('kv_heads', [1, 2])
+def test_a_qwen3_checkpoint_with_its_qk_norm_and_wide_heads_gives_transformers_logits(tmp_path, kv_heads):
+  """Per-head RMSNorm of queries and keys before the rotation (its scales permuted with the head's features), heads
+  of 32 on a width of 64 with 4 heads."""
+  config = _compare(_tiny('Qwen3ForCausalLM', head_dim=32, num_key_value_heads=kv_heads), tmp_path)
+  assert (config.qk_norm, config.head_dim, config.head_width) == ('head', 32, 32)
+
+
 def test_the_rotary_permutation_matters(tmp_path):
   """Without the per-head permutation of the query and key rows the logits differ: the check above can fail."""
   model = _tiny('LlamaForCausalLM')

@@ -25,13 +25,14 @@ def test_unsupported_sources_are_refused_by_name(tmp_path):
   with pytest.raises(hugging_face.PretrainedError, match=r'max_position_embeddings: missing; valid: .* dynamic'):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'],
                                'rope_scaling': {'type': 'dynamic', 'factor': 2.0}})
-  with pytest.raises(hugging_face.PretrainedError, match=r'sliding_window: got 4096 with max_position_embeddings=32768'):
-    hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'sliding_window': 4096,
-                               'max_position_embeddings': 32768})
-  for served in ({'sliding_window': None}, {'sliding_window': 4096, 'use_sliding_window': False},
-                 {'sliding_window': 32768}):
-    hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'max_position_embeddings': 32768,
-                               **served})
+  with pytest.raises(hugging_face.PretrainedError, match=r"layer_types: got \['full_attention', 'chunked'\]; valid: 2"):
+    hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'num_hidden_layers': 2,
+                               'layer_types': ['full_attention', 'chunked']})
+  for served, kinds in (({'sliding_window': None}, 'full'), ({'sliding_window': 4096, 'use_sliding_window': False},
+                                                             'full'),
+                        ({'sliding_window': 32768}, 'full'), ({'sliding_window': 4096}, 'sliding')):
+    assert hugging_face.model_config({**base, 'architectures': ['MistralForCausalLM'], 'max_position_embeddings': 32768,
+                                      **served}).layer_types == kinds
   with pytest.raises(hugging_face.PretrainedError, match=r"hidden_act: got 'gelu'"):
     hugging_face.model_config({**base, 'architectures': ['LlamaForCausalLM'], 'hidden_act': 'gelu'})
 
@@ -84,7 +85,11 @@ def test_an_export_transformers_cannot_hold_is_refused_naming_the_field():
        r"model.position.yarn_ramp: got 'rotations'; valid .*: dimensions or exact_dimensions"),
       (llama.replace(position=T.PositionConfig('rope', rope_extension='ntk', extension_factor=2.0)),
        r"model.position.rope_extension: got 'ntk'"),
-      (llama.replace(position=T.PositionConfig('rope', ssmax=True)), r'model.position.ssmax: got True')):
+      (llama.replace(position=T.PositionConfig('rope', ssmax=True)), r'model.position.ssmax: got True'),
+      (llama.replace(qk_norm='head'), r"model.qk_norm: got 'head'; valid .*: 'none'"),
+      (llama.replace(layer_types='sliding,full', sliding_window=8), r"model.layer_types: got 'sliding,full'"),
+      (llama.replace(attention_sinks=True), r'model.attention_sinks: got True'),
+      (llama.replace(sandwich_norm=True), r'model.sandwich_norm: got True')):
     with pytest.raises(hugging_face.PretrainedError, match=message):
       hugging_face_export.architecture(changed)
 

@@ -21,18 +21,15 @@ ARCHITECTURES = ('Gemma2ForCausalLM', 'Gemma3ForCausalLM')
 BLOCK = dict(architecture='transformer', norm='pre', norm_type='rmsnorm', activation='geglu', use_bias=False,
              parallel_residual=False, scale_embeddings=True, sandwich_norm=True)
 EMBEDDING, FINAL_NORM, OUTPUT = 'model.embed_tokens.weight', 'model.norm.weight', 'lm_head.weight'
-LAYER_TYPES = {'sliding_attention': 'sliding', 'full_attention': 'full'}
+LAYER_TYPES = tables.HF_LAYER_TYPES
 
 
 def _layer_types(hf_config: dict, name: str, layers: int) -> list:
   """Each layer's kind: transformers 5's layer_types, else Gemma 3's sliding_window_pattern (every Nth layer global)
   or Gemma 2's alternation (even layers sliding)."""
-  given = hf_config.get('layer_types')
-  if given is not None:
-    if not isinstance(given, list) or len(given) != layers or any(kind not in LAYER_TYPES for kind in given):
-      raise PretrainedError(f'config.json: layer_types: got {given!r}; valid: {layers} entries (num_hidden_layers), '
-                            f'each one of {", ".join(LAYER_TYPES)}')
-    return [LAYER_TYPES[kind] for kind in given]
+  listed = tables.listed_layer_types(hf_config, layers)
+  if listed is not None:
+    return listed
   if name == 'Gemma2ForCausalLM':
     return ['sliding' if index % 2 == 0 else 'full' for index in range(layers)]
   pattern = number(hf_config, 'sliding_window_pattern', None, integer=True) or number(
@@ -83,7 +80,7 @@ def model_config(hf_config: dict, name: str) -> transformer.ModelConfig:
       num_kv_heads=number(hf_config, 'num_key_value_heads', heads, integer=True),
       feed_forward_dim=number(hf_config, 'intermediate_size', integer=True), num_encoder_layers=0,
       num_decoder_layers=layers, dropout_rate=0.0, layer_norm_eps=number(hf_config, 'rms_norm_eps'),
-      layer_types=','.join(kinds), sliding_window=window, position=position,
+      layer_types=tables.layer_cycle(kinds), sliding_window=window, position=position,
       local_position=local_position if 'sliding' in kinds and local_position != position else None,
       qk_norm='head' if name == 'Gemma3ForCausalLM' else 'none',
       tie_embeddings=flag(hf_config, 'tie_word_embeddings', True),

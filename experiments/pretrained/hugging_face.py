@@ -1,8 +1,8 @@
 """A Hugging Face model folder (config.json and model.safetensors, or shards with model.safetensors.index.json) as
 this library's decoder: the architecture named in config.json picks its table (ARCHITECTURES: llama.py for
-LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM, gpt2.py, gpt_neox.py, gemma.py for Gemma2ForCausalLM and
-Gemma3ForCausalLM), which maps the config to
-transformer.ModelConfig and every tensor to a parameter, read tensor by tensor with safetensors' NumPy API
+LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, gpt2.py, gpt_neox.py, gemma.py for
+Gemma2ForCausalLM and Gemma3ForCausalLM), which maps the config to transformer.ModelConfig and every tensor to a
+parameter, read tensor by tensor with safetensors' NumPy API
 (safetensors_file.py), never needing PyTorch. A tensor no row of the table reads is refused by name.
 """
 

@@ -1,7 +1,9 @@
-"""The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; Touvron et al. 2023) both ways:
-pre-RMSNorm, SwiGLU, grouped-query attention, RoPE (its rope_scaling as a context extension: rope_config.py), tied
-or untied embeddings; Llama's attention_bias (query, key, value and output biases) and mlp_bias (the feed-forward's
-three), Qwen2's query, key and value biases. The table (`table`) is read by the import and written by the export;
+"""The Llama layout (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM; Touvron et al. 2023)
+both ways: pre-RMSNorm, SwiGLU, grouped-query attention, RoPE (its rope_scaling as a context extension:
+rope_config.py), tied or untied embeddings; Llama's attention_bias (query, key, value and output biases) and mlp_bias
+(the feed-forward's three), Qwen2's query, key and value biases, Qwen3's per-head QK-norm and head width; Mistral's
+and Qwen2's sliding window as sliding layers (transformers 5's layer_types, or Mistral's sliding_window shorter than
+its context: every layer; Qwen2's use_sliding_window: the layers from max_window_layers on). The table (`table`) is read by the import and written by the export;
 the query and key rows are permuted per head between rotate_half's halves and this library's pairs (tables.rotary).
 """
 
@@ -9,11 +11,16 @@ import transformer
 from experiments.pretrained import rope_config, tables
 from experiments.pretrained.tables import PretrainedError, flag, layer_path, number
 
-ARCHITECTURES = ('LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM')
-MODEL_TYPES = {'LlamaForCausalLM': 'llama', 'MistralForCausalLM': 'mistral', 'Qwen2ForCausalLM': 'qwen2'}
+ARCHITECTURES = ('LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM')
+MODEL_TYPES = {'LlamaForCausalLM': 'llama', 'MistralForCausalLM': 'mistral', 'Qwen2ForCausalLM': 'qwen2',
+               'Qwen3ForCausalLM': 'qwen3'}
 # The block, as this library's ModelConfig fields: what an import sets and what an export requires.
 BLOCK = dict(architecture='transformer', norm='pre', norm_type='rmsnorm', activation='swiglu', use_bias=False,
              parallel_residual=False, scale_embeddings=False)
+# What the export writes no field for (the import reads Qwen3's QK-norm and Mistral's window; their export is not
+# written yet): a run with any other value is refused.
+PLAIN_ATTENTION = dict(layer_types='full', local_position=None, qk_norm='none', sandwich_norm=False,
+                       attention_sinks=False, attention_softcap=0.0, final_logit_softcap=0.0, query_scale=0.0)
 EMBEDDING, FINAL_NORM, OUTPUT = 'model.embed_tokens.weight', 'model.norm.weight', 'lm_head.weight'
 
 
@@ -22,27 +29,36 @@ def model_config(hf_config: dict, name: str) -> transformer.ModelConfig:
   heads = number(hf_config, 'num_attention_heads', integer=True)
   width = number(hf_config, 'hidden_size', integer=True)
   head_dim = number(hf_config, 'head_dim', width // heads, integer=True)
-  if head_dim * heads != width:
-    raise PretrainedError(f'config.json: head_dim: got {head_dim} with hidden_size={width} and {heads} heads; valid: '
-                          f'hidden_size / num_attention_heads = {width // heads}')
   if hf_config.get('hidden_act', 'silu') != 'silu':
     raise PretrainedError(f'config.json: hidden_act: got {hf_config["hidden_act"]!r}; valid: silu (SwiGLU)')
   if hf_config.get('attention_dropout'):
     raise PretrainedError(f'config.json: attention_dropout: got {hf_config["attention_dropout"]!r}; valid: 0')
-  window, longest = hf_config.get('sliding_window'), number(hf_config, 'max_position_embeddings', 0, integer=True)
-  if window and flag(hf_config, 'use_sliding_window', True) and window < longest:
-    raise PretrainedError(f'config.json: sliding_window: got {window} with max_position_embeddings={longest}; valid: '
-                          'null, or at least max_position_embeddings (every query here reads every earlier key, so '
-                          'beyond the window the logits would not be the model\'s)')
+  layers = number(hf_config, 'num_hidden_layers', integer=True)
+  kinds = _layer_types(hf_config, name, layers)
   attention_bias = name != 'Qwen2ForCausalLM' and flag(hf_config, 'attention_bias', False)
   return tables.model_config(
       **BLOCK, vocab_size=number(hf_config, 'vocab_size', integer=True), model_dim=width, num_heads=heads,
       num_kv_heads=number(hf_config, 'num_key_value_heads', heads, integer=True),
       feed_forward_dim=number(hf_config, 'intermediate_size', integer=True), num_encoder_layers=0,
-      num_decoder_layers=number(hf_config, 'num_hidden_layers', integer=True), dropout_rate=0.0,
+      num_decoder_layers=layers, dropout_rate=0.0, head_width=head_dim if head_dim * heads != width else 0,
+      layer_types=tables.layer_cycle(kinds), sliding_window=number(hf_config, 'sliding_window', integer=True)
+      if 'sliding' in kinds else 0, qk_norm='head' if name == 'Qwen3ForCausalLM' else 'none',
       layer_norm_eps=number(hf_config, 'rms_norm_eps'), qkv_bias=name == 'Qwen2ForCausalLM' or attention_bias,
       attention_output_bias=attention_bias, feed_forward_bias=flag(hf_config, 'mlp_bias', False),
       tie_embeddings=flag(hf_config, 'tie_word_embeddings', False), position=rope_config.rope_position(hf_config))
+
+
+def _layer_types(hf_config: dict, name: str, layers: int) -> list:
+  """Each layer's kind: transformers 5's layer_types; else a window where use_sliding_window (default true) and a
+  sliding_window shorter than the context say so: every layer of a Mistral, Qwen2's from max_window_layers on."""
+  listed = tables.listed_layer_types(hf_config, layers)
+  if listed is not None:
+    return listed
+  window, longest = hf_config.get('sliding_window'), number(hf_config, 'max_position_embeddings', 0, integer=True)
+  if not window or not flag(hf_config, 'use_sliding_window', name != 'Qwen2ForCausalLM') or window >= longest:
+    return ['full'] * layers
+  first = number(hf_config, 'max_window_layers', 0, integer=True, above=False) if name == 'Qwen2ForCausalLM' else 0
+  return ['full' if index < first else 'sliding' for index in range(layers)]
 
 
 def table(config: transformer.ModelConfig) -> list:
@@ -65,6 +81,9 @@ def table(config: transformer.ModelConfig) -> list:
       if config.qkv_bias:
         rows.append(tables.rotary(f'{prefix}.self_attn.{theirs}.bias', attention(ours, 'bias'), (count * head_dim,),
                                   count, order))
+      if config.qk_norm == 'head':  # one scale over each head's features, in the same order
+        rows.append(tables.rotary(f'{prefix}.self_attn.{theirs[0]}_norm.weight', attention(f'{ours}_norm', 'scale'),
+                                  (head_dim,), 1, order))
     rows.append(tables.linear(f'{prefix}.self_attn.v_proj.weight', attention('value', 'kernel'), (keys, width)))
     if config.qkv_bias:
       rows.append(tables.same(f'{prefix}.self_attn.v_proj.bias', attention('value', 'bias'), (keys,)))
@@ -102,7 +121,7 @@ def exportable(config: transformer.ModelConfig) -> str:
   if config.position.kind != 'rope':
     return (f'model.position.kind: got {config.position.kind!r}; valid: rope (transformers\' Llama and Qwen2 hold no '
             f'{config.position.kind} in this block)')
-  for field, value in BLOCK.items():
+  for field, value in {**BLOCK, **PLAIN_ATTENTION}.items():
     if getattr(config, field) != value:
       return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (the Llama-style block)'
   refused = rope_config.unexportable(config.position)

@@ -215,6 +215,28 @@ def first_of(fields: dict, names: tuple, default: Optional[object] = None):
   return default
 
 
+HF_LAYER_TYPES = {'full_attention': 'full', 'sliding_attention': 'sliding'}  # transformers 5's layer_types
+
+
+def listed_layer_types(fields: dict, layers: int, where: str = 'config.json') -> Optional[list]:
+  """transformers 5's layer_types as this library's kinds (full, sliding), one per layer; None when absent."""
+  given = fields.get('layer_types')
+  if given is None:
+    return None
+  if not isinstance(given, list) or len(given) != layers or any(kind not in HF_LAYER_TYPES for kind in given):
+    raise PretrainedError(f'{where}: layer_types: got {given!r}; valid: {layers} entries (num_hidden_layers), each '
+                          f'one of {", ".join(HF_LAYER_TYPES)}')
+  return [HF_LAYER_TYPES[kind] for kind in given]
+
+
+def layer_cycle(kinds: list) -> str:
+  """model.layer_types for one kind per layer: the shortest cycle that repeats into the list ('full' for every layer
+  full, 'sliding,full' for Gemma 2's alternation)."""
+  period = next(length for length in range(1, len(kinds) + 1)
+                if all(kind == kinds[index % length] for index, kind in enumerate(kinds)))
+  return ','.join(kinds[:period])
+
+
 def tied_output(read: Callable[[str], np.ndarray], names: Iterable[str], config: transformer.ModelConfig,
                 embedding: str, output: str, where: str) -> str:
   """A tied model's checkpoint may still hold its output matrix (output): accepted, and returned as read, when it
