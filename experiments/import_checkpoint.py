@@ -6,7 +6,8 @@
       --factor=2
 
 --source is a Hugging Face model folder (config.json with model.safetensors or a sharded index: Llama, Mistral,
-Qwen2, Qwen3, Gemma 2, Gemma 3, GPT-2, GPT-NeoX; experiments/pretrained/hugging_face.py) or a GGUF file of the llama or qwen2 architecture
+Qwen2, Qwen3, Gemma 2, Gemma 3, GPT-2, GPT-NeoX; experiments/pretrained/hugging_face.py) or a GGUF file of the llama,
+qwen2 or gemma3 architecture
 (dequantized to float32; experiments/pretrained/gguf_file.py). A model is not its corpus: --corpus is optional, and
 names the corpus evaluations read when they are given none; every evaluation takes --corpus=DIR, any corpus
 prepared with the model's tokenizer (experiments/runs/corpus_choice.py). A corpus of another tokenizer is refused.

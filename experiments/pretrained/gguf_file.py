@@ -1,6 +1,12 @@
-"""A GGUF file (llama.cpp's format) of the llama or qwen2 architecture as this library's decoder: its metadata mapped
-to transformer.ModelConfig, its tensors read with the `gguf` package and dequantized to float32 (Q4_1, Q8_0, F16,
-F32 and the other types the package knows), then read by the Llama table (llama.py).
+"""A GGUF file (llama.cpp's format) of the llama, qwen2 or gemma3 architecture as this library's decoder: its metadata
+mapped to transformer.ModelConfig, its tensors read with the `gguf` package and dequantized to float32 (Q4_1, Q8_0,
+F16, F32 and the other types the package knows), then read by the Llama table (llama.py) or Gemma's (gemma.py).
+
+gemma3: the metadata has no local RoPE base and no layer pattern; llama.cpp takes Gemma 3's, 10,000 and five
+sliding layers to one global, and so does this reader (GEMMA3_LOCAL_BASE, GEMMA3_PATTERN). llama.cpp's converter
+stores each Gemma RMSNorm's 1 + w, which is read as Hugging Face's w (minus one) and made 1 + w again by the table;
+its query and key rows are in Hugging Face's halves (it rotates them as GPT-NeoX does); query_pre_attn_scalar is the
+head width, as llama.cpp scales the 270M-4B models.
 
 llama.cpp's converter permutes each head's query and key rows of the llama architecture into interleaved order
 (row 2i is Hugging Face's row i, row 2i + 1 its row i + d/2) and leaves qwen2's in Hugging Face's halves (it
@@ -24,10 +30,11 @@ from typing import Callable
 import numpy as np
 
 import transformer
-from experiments.pretrained import llama, rope_config, tables
+from experiments.pretrained import gemma, llama, rope_config, tables
 from experiments.pretrained.tables import PretrainedError
 
-SUPPORTED_ARCHITECTURES = ('llama', 'qwen2')
+SUPPORTED_ARCHITECTURES = ('llama', 'qwen2', 'gemma3')
+GEMMA3_LOCAL_BASE, GEMMA3_PATTERN = 10000.0, 6  # llama.cpp's Gemma 3 defaults: not in the file's metadata
 INTERLEAVED = ('llama',)  # the architectures whose query and key rows llama.cpp's converter interleaves
 ROPE_FACTORS = 'rope_freqs.weight'  # per-pair divisors of the rotary frequencies (Llama 3.1's bands)
 GLOBAL_NAMES = {'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.weight': 'output_norm.weight',
@@ -35,6 +42,10 @@ GLOBAL_NAMES = {'model.embed_tokens.weight': 'token_embd.weight', 'model.norm.we
 LAYER_NAMES = {'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self_attn.v_proj': 'attn_v',
                'self_attn.o_proj': 'attn_output', 'mlp.gate_proj': 'ffn_gate', 'mlp.up_proj': 'ffn_up',
                'mlp.down_proj': 'ffn_down', 'input_layernorm': 'attn_norm', 'post_attention_layernorm': 'ffn_norm'}
+GEMMA_LAYER_NAMES = {**{hf: gguf for hf, gguf in LAYER_NAMES.items() if hf != 'post_attention_layernorm'},
+                     'self_attn.q_norm': 'attn_q_norm', 'self_attn.k_norm': 'attn_k_norm',
+                     'post_attention_layernorm': 'post_attention_norm', 'pre_feedforward_layernorm': 'ffn_norm',
+                     'post_feedforward_layernorm': 'post_ffw_norm'}
 HF_LAYER = re.compile(r'^model\.layers\.(\d+)\.(.+)\.(weight|bias)$')
 GGUF_LAYER = re.compile(r'^blk\.(\d+)\.(\w+)\.(weight|bias)$')
 
@@ -54,6 +65,8 @@ def model_config(reader) -> transformer.ModelConfig:
   arch = _field(reader, 'general.architecture')
   if arch not in SUPPORTED_ARCHITECTURES:
     raise PretrainedError(f'general.architecture: got {arch!r}; valid: {", ".join(SUPPORTED_ARCHITECTURES)}')
+  if arch == 'gemma3':
+    return gemma.model_config(_gemma3_fields(reader), 'Gemma3ForCausalLM')
   width, heads = (_count(reader, f'{arch}.{key}') for key in ('embedding_length', 'attention.head_count'))
   head_dim = width // heads
   rotated = int(_field(reader, f'{arch}.rope.dimension_count', head_dim))
@@ -87,6 +100,29 @@ def model_config(reader) -> transformer.ModelConfig:
 
 
 WHERE = 'the GGUF file\'s metadata'
+
+
+def _gemma3_fields(reader) -> dict:
+  """The gemma3 file's metadata as the Hugging Face config gemma.py reads (its defaults where the file has none)."""
+  names = {tensor.name for tensor in reader.tensors}
+  embedding = [tensor for tensor in reader.tensors if tensor.name == 'token_embd.weight']
+  if not embedding:
+    raise PretrainedError('--source: the GGUF file has no token_embd.weight; valid: a llama.cpp GGUF file with its '
+                          'token embedding (the vocabulary is read from its shape)')
+  head_dim = _count(reader, 'gemma3.attention.key_length')
+  if _count(reader, 'gemma3.attention.value_length', head_dim) != head_dim:
+    raise PretrainedError(f'gemma3.attention.value_length: got {_field(reader, "gemma3.attention.value_length")}; '
+                          f'valid: the key length {head_dim}')
+  return dict(
+      hidden_size=_count(reader, 'gemma3.embedding_length'), num_attention_heads=_count(reader, 'gemma3.attention.head_count'),
+      num_key_value_heads=_count(reader, 'gemma3.attention.head_count_kv'), head_dim=head_dim,
+      intermediate_size=_count(reader, 'gemma3.feed_forward_length'), num_hidden_layers=_count(reader, 'gemma3.block_count'),
+      rms_norm_eps=float(_field(reader, 'gemma3.attention.layer_norm_rms_epsilon')),
+      sliding_window=_count(reader, 'gemma3.attention.sliding_window'), sliding_window_pattern=GEMMA3_PATTERN,
+      max_position_embeddings=context_length(reader), vocab_size=int(embedding[0].shape[-1]),
+      rope_theta=float(_field(reader, 'gemma3.rope.freq_base', 1e6)), rope_local_base_freq=GEMMA3_LOCAL_BASE,
+      rope_scaling=rope_scaling(reader, 'gemma3') or None, query_pre_attn_scalar=head_dim,
+      tie_word_embeddings='output.weight' not in names)
 
 
 def _count(reader, name: str, default=None) -> int:
@@ -157,46 +193,54 @@ def tensor_reader(reader) -> Callable[[str], np.ndarray]:
   return read
 
 
-def gguf_name(hf_name: str) -> str:
-  """llama.cpp's name of a Hugging Face Llama tensor (model.layers.3.self_attn.q_proj.bias -> blk.3.attn_q.bias)."""
+def _layer_names(arch: str) -> dict:
+  return GEMMA_LAYER_NAMES if arch == 'gemma3' else LAYER_NAMES
+
+
+def gguf_name(hf_name: str, arch: str = 'llama') -> str:
+  """llama.cpp's name of a Hugging Face tensor (model.layers.3.self_attn.q_proj.bias -> blk.3.attn_q.bias)."""
   if hf_name in GLOBAL_NAMES:
     return GLOBAL_NAMES[hf_name]
   match = HF_LAYER.match(hf_name)
-  if not match or match[2] not in LAYER_NAMES:
+  if not match or match[2] not in _layer_names(arch):
     raise PretrainedError(f'{hf_name}: no llama.cpp name for this tensor')
-  return f'blk.{match[1]}.{LAYER_NAMES[match[2]]}.{match[3]}'
+  return f'blk.{match[1]}.{_layer_names(arch)[match[2]]}.{match[3]}'
 
 
-def hugging_face_name(name: str) -> str:
-  """The Hugging Face Llama name of a llama.cpp tensor (blk.3.attn_q.bias -> model.layers.3.self_attn.q_proj.bias);
-  '' for a name the llama layout has no tensor for."""
+def hugging_face_name(name: str, arch: str = 'llama') -> str:
+  """The Hugging Face name of a llama.cpp tensor (blk.3.attn_q.bias -> model.layers.3.self_attn.q_proj.bias); '' for
+  a name the architecture's layout has no tensor for."""
   for hf_name, gguf in GLOBAL_NAMES.items():
     if name == gguf:
       return hf_name
   match = GGUF_LAYER.match(name)
-  theirs = {gguf: hf for hf, gguf in LAYER_NAMES.items()}.get(match[2]) if match else None
+  theirs = {gguf: hf for hf, gguf in _layer_names(arch).items()}.get(match[2]) if match else None
   return f'model.layers.{match[1]}.{theirs}.{match[3]}' if theirs else ''
 
 
 def params(read: Callable[[str], np.ndarray], config: transformer.ModelConfig, arch: str, names) -> dict:
   """{'params': ...} of transformer.DecoderOnly(config) from the file's tensors, read(llama.cpp name) each, by the
-  llama table (llama.py); names: every tensor the file holds, PretrainedError naming one left unread."""
-  expected = {row.name for row in llama.table(config)}
-  unnamed = sorted(name for name in names if name != ROPE_FACTORS and hugging_face_name(name) not in expected)
+  llama table (llama.py; gemma.py's for gemma3); names: every tensor the file holds, PretrainedError naming one left
+  unread."""
+  layout = gemma if arch == 'gemma3' else llama
+  expected = {row.name for row in layout.table(config)}
+  unnamed = sorted(name for name in names if name != ROPE_FACTORS and hugging_face_name(name, arch) not in expected)
   if unnamed:
     raise PretrainedError(f'the GGUF file holds {len(unnamed)} tensor(s) this import does not read '
                           f'({", ".join(unnamed[:4])}); valid: the {arch} architecture\'s tensors only, so that none '
                           'is dropped')
 
   def read_as_hugging_face(hf_name: str) -> np.ndarray:
-    array = read(gguf_name(hf_name))
+    array = read(gguf_name(hf_name, arch))
+    if arch == 'gemma3' and hf_name.endswith('norm.weight'):
+      return array - 1.0  # llama.cpp stores Gemma's 1 + w
     match = HF_LAYER.match(hf_name)
     heads = match and {'self_attn.q_proj': config.num_heads, 'self_attn.k_proj': config.key_value_heads}.get(match[2])
     if arch in INTERLEAVED and heads and array.shape[0] == heads * config.head_dim:  # else the shape is refused
       array = tables.permute_heads(array, heads, np.argsort(tables.rotary_order(config.head_dim)))
     return array
-  hf_names = [hugging_face_name(name) for name in names if name != ROPE_FACTORS]
-  return llama.params(read_as_hugging_face, hf_names, config, WHERE)
+  hf_names = [hugging_face_name(name, arch) for name in names if name != ROPE_FACTORS]
+  return layout.params(read_as_hugging_face, hf_names, config, WHERE)
 
 
 # tokenizer.ggml.pre -> whether digits are split one by one before GPT-2's split (llama.cpp's pre-tokenizers).
