@@ -87,9 +87,11 @@ def test_an_export_transformers_cannot_hold_is_refused_naming_the_field():
        r"model.position.rope_extension: got 'ntk'"),
       (llama.replace(position=T.PositionConfig('rope', ssmax=True)), r'model.position.ssmax: got True'),
       (llama.replace(qk_norm='head'), r"model.qk_norm: got 'head'; valid .*: 'none'"),
+      (llama.replace(position=T.PositionConfig('rope', temperature_scale=0.1)),
+       r'model.position.temperature_scale: got 0.1; valid .*: 0'),
       (llama.replace(layer_types='sliding,full', sliding_window=8), r"model.layer_types: got 'sliding,full'"),
       (llama.replace(attention_sinks=True), r'model.attention_sinks: got True'),
-      (llama.replace(sandwich_norm=True), r'model.sandwich_norm: got True')):
+      (llama.replace(sandwich_norm=True), r"model.activation: got 'swiglu'; valid .*: 'geglu' \(Gemma 3's block\)")):
     with pytest.raises(hugging_face.PretrainedError, match=message):
       hugging_face_export.architecture(changed)
 

@@ -128,6 +128,56 @@ def table(config: transformer.ModelConfig) -> list:
   return rows
 
 
+GEMMA3_FIXED = dict(qk_norm='head', attention_softcap=0.0, final_logit_softcap=0.0, attention_sinks=False,
+                    attention_output_bias=False, qkv_bias=False, feed_forward_bias=False)
+
+
+def exportable(config: transformer.ModelConfig) -> str:
+  """'' when the run's model is Gemma 3's layout; else the first field that is not, with what would be valid."""
+  for field, value in {**BLOCK, **GEMMA3_FIXED}.items():
+    if getattr(config, field) != value:
+      return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (Gemma 3\'s block)'
+  if set(config.layer_type_cycle) - {'full', 'sliding'}:
+    return f'model.layer_types: got {config.layer_types!r}; valid: full and sliding layers (Gemma 3 has no chunks)'
+  for name, position in (('position', config.position), ('local_position', config.local_position)):
+    if position is not None and position.kind != 'rope':
+      return f'model.{name}.kind: got {position.kind!r}; valid: rope (Gemma 3\'s layers rotate)'
+    refused = '' if position is None else rope_config.unexportable(position)
+    if refused:
+      return refused.replace('model.position.', f'model.{name}.')
+  return ''
+
+
+def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
+  """config.json of Gemma3ForCausalLM (transformers 5's schema: layer_types, rope_parameters by layer type)."""
+  def rope_parameters(position):
+    fields = rope_config.rope_fields(position, context_length)
+    return {'rope_type': 'default', **fields.pop('rope_scaling', {}), 'rope_theta': fields['rope_theta']}
+  kinds = {'full': 'full_attention', 'sliding': 'sliding_attention'}
+  return dict(
+      architectures=['Gemma3ForCausalLM'], model_type='gemma3_text', vocab_size=config.vocab_size,
+      hidden_size=config.model_dim, intermediate_size=config.feed_forward_dim,
+      num_hidden_layers=config.num_decoder_layers, num_attention_heads=config.num_heads,
+      num_key_value_heads=config.key_value_heads, head_dim=config.head_dim, hidden_activation='gelu_pytorch_tanh',
+      rms_norm_eps=config.layer_norm_eps, max_position_embeddings=context_length,
+      sliding_window=config.sliding_window or None,
+      layer_types=[kinds[config.layer_type(index)] for index in range(config.num_decoder_layers)],
+      rope_parameters={'full_attention': rope_parameters(config.position),
+                       'sliding_attention': rope_parameters(config.local_position or config.position)},
+      query_pre_attn_scalar=_integral(config.query_scale or config.head_dim), tie_word_embeddings=config.tie_embeddings,
+      attention_bias=False, attention_dropout=0.0, attn_logit_softcapping=None, final_logit_softcapping=None,
+      use_bidirectional_attention=False, torch_dtype='float32')
+
+
+def _integral(value: float):
+  """transformers' Gemma config takes an int query_pre_attn_scalar where it is one."""
+  return int(value) if float(value).is_integer() else value
+
+
+def tensors(variables: dict, config: transformer.ModelConfig) -> dict:
+  return tables.write_tensors(table(config), variables)
+
+
 def params(read, names, config: transformer.ModelConfig, where: str = 'config.json') -> dict:
   """{'params': ...} of transformer.DecoderOnly(config) from the checkpoint's tensors, every one read or refused (a
   tied model's lm_head.weight accepted when it equals the embedding)."""

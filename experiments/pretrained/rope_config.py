@@ -124,6 +124,9 @@ def unexportable(position: transformer.PositionConfig) -> str:
             'ramps over pair indices, not over rotations as the paper\'s gamma(r))')
   if settings.ssmax:
     return 'model.position.ssmax: got True; valid: False (transformers does not scale the softmax by length)'
+  if settings.temperature_scale:
+    return (f'model.position.temperature_scale: got {settings.temperature_scale}; valid: 0 (this block in '
+            'transformers has no attention temperature)')
   return ''
 
 
