@@ -51,17 +51,19 @@ import os
 
 from absl import flags
 
-import transformer
 from experiments.runs import checkpoints, run_record
 from experiments.evaluation import length_table, long_context, probe_grid, probes, rope_scaling, task_lengths, windows
 from experiments.shared import cli, xla_cpu
-from transformer.positions.extension import ExtensionSettings, METHODS
+from transformer.positions.extension import METHODS
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One or more comma-separated training runs of one task: a language '
                                'model, or a task that draws its own problems (copy, ...).')
 _LENGTHS = flags.DEFINE_string('lengths', None, 'Comma-separated window lengths, or a task\'s problem lengths '
                                '(default: the run\'s eval_lengths).')
 _EXTENSION = flags.DEFINE_string('extension', 'none', f'Comma-separated methods among: {", ".join(METHODS)}.')
+_EXTENSION_LAYERS = flags.DEFINE_enum('extension_layers', 'all', list(long_context.EXTENSION_LAYERS),
+                                      'Which layers --extension stretches: all, global (the full layers) or local (the '
+                                      'sliding and chunked layers; Gemma 3 stretches its global layers only).')
 _FACTOR = flags.DEFINE_float('factor', None, 'The factor s of pi, ntk, yarn, llama3 and longrope (required with '
                              'them).')
 _PROTOCOL = flags.DEFINE_enum('protocol', 'sliding', [*windows.PROTOCOLS, 'streaming'], 'windows: non-overlapping; '
@@ -131,6 +133,7 @@ def _requests(methods: list[str]) -> list[long_context.Request]:
                                stride_fraction=_STRIDE.value, tokens=_TOKENS.value, batch_size=_BATCH_SIZE.value,
                                position_overrides=position + (longrope if m == 'longrope' else ()),
                                corpus=os.path.abspath(_CORPUS.value) if _CORPUS.value else '',
+                               extension_layers=_EXTENSION_LAYERS.value if m != 'none' else 'all',
                                sink_tokens=_SINK_TOKENS.value if streaming else 0,
                                cache_size=_CACHE_SIZE.value if streaming else 0)
           for m in methods]
@@ -195,7 +198,7 @@ def _prepare(workdirs: list[str], lengths: list[int], requests) -> list:
           raise ValueError(f'--{name}: set for {workdir}, a {task.settings.name} run; valid: only for language models '
                            'scored over a held-out stream (a task run is scored on the trainer\'s own evaluation '
                            'batches)')
-    rotary = issubclass(transformer.VARIANTS[kind].settings, ExtensionSettings)
+    rotary = long_context.rotary_layers(config)
     for request in requests:
       if request.method != 'none' and not rotary:
         print(f'{workdir}: {kind} is not rotary; --extension={request.method} skipped for it', flush=True)
@@ -232,7 +235,7 @@ def _probe(workdirs: list[str], lengths: list[int], requests) -> None:
   planned = []
   for workdir in workdirs:
     config, _ = checkpoints.run_model(workdir, requests[0].corpus if requests else '')
-    rotary = issubclass(transformer.VARIANTS[config.position.kind].settings, ExtensionSettings)
+    rotary = long_context.rotary_layers(config)
     for extension in requests:
       if extension.method != 'none' and not rotary:
         print(f'{workdir}: {config.position.kind} is not rotary; --extension={extension.method} skipped for it')

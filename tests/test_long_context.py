@@ -282,3 +282,30 @@ def test_a_stream_scored_through_streamingllms_cache(tiny_run):
   with pytest.raises(ValueError, match=r'--sink_tokens, --cache_size: got 4 and 4; valid: 0 <= sink tokens < cache'):
     long_context.prepare_evaluation(tiny_run, [length], _request(protocol='streaming', tokens=length, sink_tokens=4,
                                                                  cache_size=4))
+
+
+def test_an_extension_stretches_the_layers_it_is_asked_to():
+  """Gemma 3's layout (RoPE 1e6 in the full layers, 1e4 in the sliding ones): --extension_layers=global stretches
+  model.position alone, local the local layers' alone, all both; a run whose local layers share model.position gets
+  a local position of its own, unstretched, for global; layers with no rotation to stretch are refused."""
+  import transformer  # pylint: disable=import-outside-toplevel
+  gemma = transformer.tiny_preset(transformer.PositionConfig('rope', rope_base=1e6), num_encoder_layers=0,
+                                  layer_types='sliding,full', sliding_window=4,
+                                  local_position=transformer.PositionConfig('rope', rope_base=1e4))
+  stretched = lambda config, layers: long_context.extended_config(
+      config, 64, _request('yarn', 4.0, extension_layers=layers))[0]
+  extension = lambda position: position.settings.rope_extension
+  for layers, expected in (('global', ('yarn', 'none')), ('local', ('none', 'yarn')), ('all', ('yarn', 'yarn'))):
+    config = stretched(gemma, layers)
+    assert (extension(config.position), extension(config.local_position)) == expected, layers
+    assert (config.position.settings.rope_base, config.local_position.settings.rope_base) == (1e6, 1e4)
+  shared = gemma.replace(local_position=None)
+  assert stretched(shared, 'all').local_position is None and extension(stretched(shared, 'all').position) == 'yarn'
+  for layers, expected in (('global', ('yarn', 'none')), ('local', ('none', 'yarn'))):
+    split = stretched(shared, layers)
+    assert (extension(split.position), extension(split.local_position)) == expected
+  command_a = gemma.replace(position=transformer.PositionConfig('none'))
+  assert extension(stretched(command_a, 'all').local_position) == 'yarn'
+  with pytest.raises(ValueError, match=r"--extension: got 'yarn' for a none run \(--extension_layers=global\)"):
+    stretched(command_a, 'global')
+  assert long_context.default_name(_request('yarn', 4.0, extension_layers='global')) == 'yarn-x4-global-sliding0.5-600'

@@ -47,6 +47,7 @@ class Request:
   position_overrides: tuple = ()  # (field, value) pairs set on the run's model.position: another variant's analogue
   #                       (interpolation_factor of sinusoidal and learned, the NoPE temperature)
   corpus: str = ''      # a corpus directory of the run's tokenizer to score instead of the run's own ('')
+  extension_layers: str = 'all'  # which layers the extension stretches: all, global (full) or local (sliding, chunked)
   sink_tokens: int = 0  # streaming: the first tokens the cache keeps (streaming.py)
   cache_size: int = 0   # streaming: the cache's slots, sinks included
 
@@ -66,6 +67,8 @@ def default_name(request: Request, task_batches: Optional[tuple] = None) -> str:
   settings = ''.join(f'-{field}{override_text(value)}' for field, value in request.position_overrides)
   if task_batches is not None:
     return f'{request.method}{factor}{settings}-batches{task_batches[0]}x{task_batches[1]}'
+  if request.extension_layers != 'all':
+    settings += f'-{request.extension_layers}'
   protocol = {'windows': 'windows', 'sliding': f'sliding{request.stride_fraction:g}',
               'streaming': f'streaming-s{request.sink_tokens}-c{request.cache_size}'}[request.protocol]
   return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'
@@ -137,24 +140,48 @@ def trained_positions(task) -> int:
   return task.sequence_length(task.settings.max_length)
 
 
+EXTENSION_LAYERS = ('all', 'global', 'local')
+
+
+def rotary_layers(config: transformer.ModelConfig) -> bool:
+  """Whether any layer's position takes a context extension (model.position or model.local_position rotary)."""
+  return any(position is not None and isinstance(position.settings, ExtensionSettings)
+             for position in (config.position, config.local_position))
+
+
 def extended_config(config: transformer.ModelConfig, trained_length: int, request: Request) -> tuple:
-  """(model config, original length): the run's model with the requested extension. The original length is
-  the run's own (position.original_length when it was trained with an extension, else trained_length, the
+  """(model config, original length): the run's model with the requested extension, on the layers
+  request.extension_layers names (global: the full layers' model.position; local: the sliding and chunked layers'
+  model.local_position, which is the run's model.position where it has none of its own; all: both). The original
+  length is the run's own (position.original_length when it was trained with an extension, else trained_length, the
   trained_positions of its task)."""
   config = _with_position(config, request.position_overrides)
-  settings = config.position.settings
+  if request.extension_layers not in EXTENSION_LAYERS:
+    raise ValueError(f'--extension_layers: got {request.extension_layers!r}; valid: {", ".join(EXTENSION_LAYERS)}')
+  has_local = config.layer_type_cycle != ('full',)
+  shared = config.local_position is None and request.extension_layers == 'all'  # one position, stretched once
+  local = None if shared else config.local_position or (config.position if has_local else None)
+  targets = {'all': ('position', 'local_position'), 'global': ('position',),
+             'local': ('local_position',)}[request.extension_layers]
+  positions = {'position': config.position, 'local_position': local}
+  rotary = [name for name in targets if positions[name] is not None
+            and isinstance(positions[name].settings, ExtensionSettings)]
+  settings = config.position.settings if 'position' in rotary or not rotary else positions[rotary[0]].settings
   if request.method == 'none':
     return config, getattr(settings, 'original_length', 0) or trained_length
-  if not isinstance(settings, ExtensionSettings):
-    rotary = ', '.join(kind for kind, variant in transformer.VARIANTS.items()
-                       if issubclass(variant.settings, ExtensionSettings))
-    raise ValueError(f'--extension: got {request.method!r} for a {config.position.kind} run; valid: none, or a run '
-                     f'of a rotary variant ({rotary})')
+  if not rotary or (request.extension_layers != 'all' and len(rotary) != len(targets)):
+    names = ', '.join(kind for kind, variant in transformer.VARIANTS.items()
+                      if issubclass(variant.settings, ExtensionSettings))
+    kinds = ' and '.join(dict.fromkeys(positions[name].kind for name in targets if positions[name] is not None))
+    raise ValueError(f'--extension: got {request.method!r} for a {kinds or "full-attention"} run '
+                     f'(--extension_layers={request.extension_layers}); valid: none, or layers of a rotary variant '
+                     f'({names})')
   original = settings.original_length or trained_length
-  fields = dict(config.position.fields(), rope_extension=request.method, extension_factor=request.factor,
-                original_length=original)
-  kind = fields.pop('kind')
-  return config.replace(position=transformer.PositionConfig(kind, **fields)), original
+  for name in rotary:
+    fields = dict(positions[name].fields(), rope_extension=request.method, extension_factor=request.factor,
+                  original_length=original)
+    positions[name] = transformer.PositionConfig(fields.pop('kind'), **fields)
+  return config.replace(position=positions['position'], local_position=positions['local_position']), original
 
 
 LOGITS_CHUNK_BYTES = 1 << 28  # the float32 logits formed at once when scoring a long window
@@ -357,6 +384,10 @@ def prepare_evaluation(workdir: str, lengths: list[int], request: Request, name:
   description.pop('batch_size')  # how many windows run at once does not change a number
   for field in ('sink_tokens', 'cache_size') if request.protocol != 'streaming' else ('stride_fraction',):
     description.pop(field)  # what this protocol does not read
+  if request.extension_layers == 'all':
+    description.pop('extension_layers')  # as every evaluation before the field existed
+  if config.local_position is not None:
+    description['local_position'] = config.local_position.fields()
   task_batches = None
   if streamed:
     available = len(task.stream('eval'))
