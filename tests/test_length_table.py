@@ -124,3 +124,19 @@ def test_a_row_that_would_mix_configurations_or_hold_one_run_twice_is_refused(sw
     length_table.group(sweep[:2] + [earlier])
   with pytest.raises(ValueError, match=r'are both rope \+ yarn x2, fine-tuned at 32 seed 1/0; valid: each run once'):
     length_table.group(sweep + [sweep[3]])
+
+
+def test_a_model_of_local_and_global_layers_is_named_by_its_design():
+  """configs/hybrid.py's designs get rows of their own: the local layers' variant, the cycle with its window or
+  chunk, sinks, QK-norm and sandwich norms; full attention keeps the variant's name alone."""
+  from experiments.evaluation import lineage  # pylint: disable=import-outside-toplevel
+  plain = {'model.position.kind': 'rope', 'model.layer_types': 'full', 'model.local_position': None}
+  assert lineage.label(plain) == 'rope'
+  gpt_oss = dict(plain, **{'model.layer_types': 'sliding,full', 'model.sliding_window': 32,
+                           'model.attention_sinks': True})
+  assert lineage.label(gpt_oss) == 'rope (sliding,full window 32; sinks)'
+  irope = dict(plain, **{'model.position.kind': 'none', 'model.local_position.kind': 'rope',
+                         'model.layer_types': 'chunked,chunked,chunked,full', 'model.attention_chunk_size': 32})
+  assert lineage.label(irope, 'yarn', 4.0) == 'none (rope local; chunked,chunked,chunked,full chunk 32) + yarn x4'
+  gemma = dict(plain, **{'model.qk_norm': 'head', 'model.sandwich_norm': True})
+  assert lineage.label(gemma) == 'rope (QK-norm; sandwich norm)'

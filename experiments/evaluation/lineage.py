@@ -63,11 +63,29 @@ def _method_text(method: str, factor) -> str:
   return method if factor in (None, 1, 1.0) else f'{method} x{factor:g}'
 
 
+def _layers_text(configuration: dict) -> str:
+  """What a model of local and global layers adds to its variant's name: the local layers' own variant, the cycle of
+  layer types with the window or chunk, sinks, QK-norm, sandwich norms; '' for full attention in every layer."""
+  parts = []
+  local = configuration.get('model.local_position.kind')
+  if local:
+    parts.append(f'{local} local')
+  if configuration.get('model.layer_types', 'full') != 'full':
+    sizes = [f'{name} {configuration[key]}' for name, key in (('window', 'model.sliding_window'),
+                                                               ('chunk', 'model.attention_chunk_size'))
+             if configuration.get(key)]
+    parts.append(' '.join([configuration['model.layer_types']] + sizes))
+  parts += [name for name, key in (('sinks', 'model.attention_sinks'), ('QK-norm', 'model.qk_norm'),
+                                   ('sandwich norm', 'model.sandwich_norm'))
+            if configuration.get(key) not in (None, False, 'none')]
+  return f' ({"; ".join(parts)})' if parts else ''
+
+
 def label(configuration: dict, method: str = 'none', factor: float = 1.0, overrides=()) -> str:
-  """A row's name: the variant, the extension it was trained with, 'fine-tuned at L' for a fine-tune, the
-  method it was evaluated with, and any position overrides: 'rope', 'rope + yarn x8',
-  'rope + yarn x16, fine-tuned at 512'."""
-  text = configuration['model.position.kind']
+  """A row's name: the variant (and, for local and global layers, their design), the extension it was trained with,
+  'fine-tuned at L' for a fine-tune, the method it was evaluated with, and any position overrides: 'rope',
+  'rope + yarn x8', 'rope + yarn x16, fine-tuned at 512', 'rope (sliding,full window 32; sinks)'."""
+  text = configuration['model.position.kind'] + _layers_text(configuration)
   trained_with = configuration.get('model.position.rope_extension', 'none')
   if trained_with != 'none':
     text += ' + ' + _method_text(trained_with, configuration.get('model.position.extension_factor'))
