@@ -142,9 +142,10 @@ def gemma3_gguf(tmp_path_factory):
 
 @pytest.mark.slow
 def test_gemma3_270m_from_its_gguf_gives_transformers_logits_and_text(gemma3_gguf):
-  """The registry's Gemma 3 270M (Q4_K_M) read by gguf_file.py against transformers' own GGUF loading: logits on 2,048
-  tokens of Shakespeare's held-out text (four windows of 512) within 1e-4 of the largest, every argmax the same, and
-  the greedy continuation of "The capital of France is" the same text."""
+  """The registry's Gemma 3 270M (Q4_K_M) read by gguf_file.py against transformers' own GGUF loading: its
+  SentencePiece tokenizer's ids on 40,000 characters of Shakespeare's held-out text, the logits on their first 2,048
+  tokens (four windows of 512) within 1e-4 of the largest, every argmax the same, and the greedy continuation of "The
+  capital of France is" the same text."""
   import functools  # pylint: disable=import-outside-toplevel
   import gc  # pylint: disable=import-outside-toplevel
   import lzma  # pylint: disable=import-outside-toplevel
@@ -165,6 +166,11 @@ def test_gemma3_270m_from_its_gguf_gives_transformers_logits_and_text(gemma3_ggu
                                                         do_sample=False)[0, prompt.shape[1]:])
   del theirs_model
   gc.collect()
+  from gguf import GGUFReader  # pylint: disable=import-outside-toplevel
+  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+  ours_tokenizer = Tokenizer.from_str(gguf_file.tokenizer_json(GGUFReader(str(gemma3_gguf))))
+  assert ours_tokenizer.encode(text).ids == tokenizer(text)['input_ids']  # SentencePiece rebuilt: the same ids
+  assert ours_tokenizer.decode(ours_tokenizer.encode(text).ids, skip_special_tokens=True) == text
   config, params = gguf_file.load(str(gemma3_gguf))
   assert (config.layer_types, config.sliding_window, config.head_dim, config.key_value_heads) == (
       'sliding,sliding,sliding,sliding,sliding,full', 512, 256, 1)

@@ -21,7 +21,7 @@ so that nothing in the file is dropped silently.
 
 The file's tokenizer (tokenizer.ggml.*) of the gpt2 kind, a byte-level BPE, is rebuilt with Hugging Face
 `tokenizers`: its tokens, merges and control tokens, and the pre-tokenizer its `pre` names (llama.cpp's: smollm
-splits every digit before GPT-2's split).
+splits every digit before GPT-2's split); of the llama kind, SentencePiece, by sentencepiece_gguf.py.
 """
 
 import re
@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 import transformer
-from experiments.pretrained import gemma, llama, rope_config, tables
+from experiments.pretrained import gemma, llama, rope_config, sentencepiece_gguf, tables
 from experiments.pretrained.tables import PretrainedError
 
 SUPPORTED_ARCHITECTURES = ('llama', 'qwen2', 'gemma3')
@@ -252,9 +252,15 @@ def tokenizer_json(reader) -> str:
   """The file's tokenizer as Hugging Face tokenizers' JSON; PretrainedError for a kind not rebuilt here."""
   from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
   kind, pre = _field(reader, 'tokenizer.ggml.model', ''), _field(reader, 'tokenizer.ggml.pre', 'default')
+  if kind == 'llama':  # SentencePiece (Gemma, Llama 2)
+    return sentencepiece_gguf.tokenizer_json(
+        [str(token) for token in _field(reader, 'tokenizer.ggml.tokens')],
+        [int(kind) for kind in _field(reader, 'tokenizer.ggml.token_type')],
+        int(_field(reader, 'tokenizer.ggml.bos_token_id')), bool(_field(reader, 'tokenizer.ggml.add_bos_token', True)),
+        bool(_field(reader, 'tokenizer.ggml.add_space_prefix', True)))
   if kind != 'gpt2' or pre not in BYTE_LEVEL_PRE:
     raise PretrainedError(f'tokenizer.ggml.model: got {kind!r} with pre {pre!r}; valid: gpt2 (a byte-level BPE) with '
-                          f'pre {", ".join(BYTE_LEVEL_PRE)}')
+                          f'pre {", ".join(BYTE_LEVEL_PRE)}, or llama (SentencePiece)')
   tokens = [str(token) for token in _field(reader, 'tokenizer.ggml.tokens')]
   merges = [tuple(str(merge).split(' ')) for merge in _field(reader, 'tokenizer.ggml.merges')]
   tokenizer = Tokenizer(models.BPE(vocab={token: index for index, token in enumerate(tokens)}, merges=merges,
