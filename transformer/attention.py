@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.layers import dropout
+from transformer.masks import self_attention_mask, window_mask
 from transformer.softmax import soft_cap, softmax
 
 
@@ -151,17 +152,13 @@ def _fused_with_sink(query, key, value, mask, bias, scale, mask_parts, sink_H):
   denominator gains exp(sink_h), the output nothing."""
   batch, length_q, heads, _ = query.shape
   length_k = key.shape[1]
-  if mask_parts is not None:  # the parts as one mask
+  if mask_parts is not None:  # the parts as one mask (masks.py)
     causal, key_valid_BxLk, window = mask_parts
-    query_Lqx1, key_1xLk = jnp.arange(length_q)[:, None], jnp.arange(length_k)[None, :]
-    allowed = jnp.ones((length_q, length_k), bool)
-    if causal:
-      allowed = key_1xLk <= query_Lqx1
+    valid = None if key_valid_BxLk is None else jnp.broadcast_to(key_valid_BxLk, (batch, length_k))
+    mask = self_attention_mask(valid, length_k, causal)
     if window:
-      allowed = jnp.logical_and(allowed, jnp.abs(query_Lqx1 - key_1xLk) < window)
-    mask = allowed[None, None]
-    if key_valid_BxLk is not None:
-      mask = jnp.logical_and(mask, jnp.asarray(key_valid_BxLk, bool)[:, None, None, :])
+      local = window_mask(jnp.arange(length_q)[None], jnp.arange(length_k)[None], window=window, causal=causal)
+      mask = local if mask is None else jnp.logical_and(mask, local)
   shape = (batch, heads, length_q, length_k)
   mask = jnp.ones(shape, bool) if mask is None else jnp.broadcast_to(mask, shape)
   bias = jnp.zeros(shape, jnp.float32) if bias is None else jnp.broadcast_to(bias.astype(jnp.float32), shape)
