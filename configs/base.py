@@ -64,7 +64,7 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.dropout_rate = 0.0      # residual, embedding and feed-forward dropout
   config.model.attention_dropout_rate = 0.0  # dropout on attention weights
   config.model.activation = 'relu'     # 'relu' (the paper), 'gelu' (tanh), 'gelu_exact', or gated: 'swiglu', 'geglu'
-  config.model.norm = 'pre'            # 'post' (the paper) or 'pre'
+  config.model.norm = 'pre'            # 'post' (the paper), 'pre' or 'output' (x + LN(F(x)), OLMo 2)
   config.model.norm_type = 'layernorm'  # 'layernorm' (the paper) or 'rmsnorm' (Llama)
   config.model.layer_norm_eps = 1e-6   # the norm's epsilon (Llama 1 1e-6; Llama 2 and SmolLM2 1e-5)
   config.model.use_bias = True         # biases on every projection and the feed-forward (Llama: False)
@@ -80,6 +80,7 @@ def _add_model(config: ml_collections.ConfigDict) -> None:
   config.model.attention_chunk_size = 0  # C: a chunked layer's query sees its own chunk of C positions (decoders)
   config.model.qk_norm = 'none'        # RMSNorm of queries and keys: 'head' (Qwen3, Gemma 3), 'projection' (OLMo 2)
   config.model.final_logit_softcap = 0.0  # c > 0: output logits c tanh(x / c) (Gemma 2)
+  config.model.logit_scale = 1.0       # output logits times it, before any cap (Cohere)
   config.model.attention_softcap = 0.0  # c > 0: attention logits c tanh(x / c) (Gemma 2)
   config.model.attention_sinks = False  # a learned sink logit per head and layer in every softmax (GPT-OSS)
   config.model.query_scale = 0.0       # > 0: attention logits times its inverse square root (Gemma); 0: 1/sqrt(head)

@@ -29,12 +29,7 @@ def _tiny(architecture: str, **changes):
   fields.update(changes)
   config_class = getattr(transformers, architecture.replace('ForCausalLM', 'Config').replace('Gemma3Config',
                                                                                              'Gemma3TextConfig'))
-  torch.manual_seed(0)
-  model = getattr(transformers, architecture)(config_class(**fields)).eval()
-  with torch.no_grad():
-    for parameter in model.parameters():
-      parameter.add_(0.3 * torch.randn_like(parameter))
-  return model
+  return transformers_yardstick.random_model(architecture, config_class, 0.3, **fields)
 
 
 def _compare(model, folder, dtype=None):
@@ -192,9 +187,6 @@ def test_a_gemma3_model_of_ours_exported_gives_transformers_logits_and_reads_bac
   """configs/hybrid.py:gemma3's layers in Gemma's own block (GeGLU, scaled embeddings), random weights: the exported
   folder (transformers 5's layer_types and rope_parameters by layer type) loads in transformers with our logits on
   520 tokens, and reads back as the same config and logits exactly; a run it cannot hold is refused by field."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from flax.core import meta  # pylint: disable=import-outside-toplevel
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   import transformer as T  # pylint: disable=import-outside-toplevel
   from experiments.pretrained import hugging_face_export  # pylint: disable=import-outside-toplevel
   config = T.ModelConfig(
@@ -203,21 +195,6 @@ def test_a_gemma3_model_of_ours_exported_gives_transformers_logits_and_reads_bac
       activation='geglu', use_bias=False, scale_embeddings=True, sandwich_norm=True, qk_norm='head',
       layer_types='sliding,sliding,sliding,sliding,sliding,full', sliding_window=WINDOW, query_scale=20.0,
       position=T.PositionConfig('rope', rope_base=1e6), local_position=T.PositionConfig('rope', rope_base=1e4))
-  ids = np.random.default_rng(3).integers(0, 97, size=(2, LENGTH))
-  model = T.DecoderOnly(config)
-  variables = meta.unbox(model.init(jax.random.PRNGKey(0), ids[:, :8]))
-  noise = np.random.default_rng(4)
-  variables = jax.tree_util.tree_map(lambda x: x + 0.3 * noise.normal(size=x.shape).astype(np.float32), variables)
-  assert hugging_face_export.architecture(config) == 'Gemma3ForCausalLM'
-  (tmp_path / 'config.json').write_text(json.dumps(hugging_face_export.hf_config(config, 2048)))
-  save_file(hugging_face_export.hf_tensors(variables, config), str(tmp_path / 'model.safetensors'))
-  theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
-  with torch.no_grad():
-    expected = theirs(torch.tensor(ids)).logits.numpy()
-  got = np.asarray(model.apply(variables, ids))
-  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
-  read_config, read_params = hugging_face.load(str(tmp_path))
-  assert read_config == config
-  np.testing.assert_array_equal(np.asarray(T.DecoderOnly(read_config).apply(read_params, ids)), got)
+  transformers_yardstick.export_round_trip(config, tmp_path, LENGTH, 'Gemma3ForCausalLM')
   with pytest.raises(PretrainedError, match=r"model.layer_types: got 'chunked,full'; valid .*: full and sliding"):
     hugging_face_export.architecture(config.replace(layer_types='chunked,full', attention_chunk_size=8))

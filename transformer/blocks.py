@@ -1,7 +1,8 @@
 """Encoder and decoder layers, and the stack that owns a stack's positional hooks.
 
 Post-LN (the paper): x = LN(x + Dropout(Sublayer(x))). Pre-LN: x = x + Dropout(Sublayer(LN(x))),
-with a final LN after the last layer. LN is LayerNorm or RMSNorm (model.norm_type). The parallel residual
+with a final LN after the last layer. Output-LN (OLMo 2; Swin V2's res-post-norm): x = x + Dropout(LN(Sublayer(x))),
+with a final LN too. LN is LayerNorm or RMSNorm (model.norm_type). The parallel residual
 (GPT-J, GPT-NeoX; pre-LN, no cross-attention): x = x + Dropout(Attention(LN1(x))) + Dropout(FFN(LN2(x))).
 """
 
@@ -69,6 +70,8 @@ class _Residual(nn.Module):
         output = norm_layer(config.norm_type, config.layer_norm_eps, name='output_norm')(output)
       branch = drop(output, deterministic)
       return x + branch if add_input else branch
+    if config.norm == 'output':
+      return x + drop(norm(sublayer(x)), deterministic)
     return norm(x + drop(sublayer(x), deterministic))
 
 
@@ -249,7 +252,7 @@ class TransformerStack(nn.Module):
       x_BxLxD = batch_split(layer(x_BxLxD, self_mask=layer_mask, positions_BxL=positions_BxL, shared=shared,
                                   memory_BxLsxD=memory_BxLsxD, memory_mask=memory_mask, kernel_shared=kernel_shared,
                                   **layer_step, **mask_sources))
-    if config.norm == 'pre':
+    if config.norm in ('pre', 'output'):
       x_BxLxD = norm_layer(config.norm_type, config.layer_norm_eps, name='final_norm')(x_BxLxD)
     chex.assert_shape(x_BxLxD, (None, length, config.model_dim))
     return x_BxLxD

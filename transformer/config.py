@@ -12,7 +12,7 @@ from transformer.positions import VARIANTS
 from transformer.positions.base import Settings, Variant, require
 
 ARCHITECTURES = ('transformer', 'lstm', 'rnn')
-NORMS = ('post', 'pre')
+NORMS = ('post', 'pre', 'output')
 POOLINGS = ('cls', 'mean', 'last')
 ACTIVATION_NAMES = (*ACTIVATIONS, *GATED_ACTIVATIONS)
 COMPUTE_DTYPES = ('float32', 'bfloat16')
@@ -89,7 +89,8 @@ class ModelConfig:
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.0
   activation: str = 'relu'
-  norm: str = 'post'                 # 'post' as in the paper, 'pre' for stability when deep
+  norm: str = 'post'                 # 'post' as in the paper, 'pre' for stability when deep, 'output': the norm on
+  #                                    each sublayer's output, x + LN(F(x)), and a final one (OLMo 2)
   norm_type: str = 'layernorm'       # 'layernorm' as in the paper, or 'rmsnorm' (Llama's)
   layer_norm_eps: float = 1e-6       # the epsilon of either norm (Llama 1 1e-6; Llama 2, SmolLM2 1e-5)
   use_bias: bool = True              # biases on every projection and the feed-forward
@@ -126,6 +127,7 @@ class ModelConfig:
   qk_norm: str = 'none'              # RMSNorm of queries and keys before the rotation: 'head' (each head's width:
   #                                    Qwen3, Gemma 3), 'projection' (the whole projection: OLMo 2) or 'none'
   final_logit_softcap: float = 0.0   # c > 0: output logits c tanh(x / c) (Gemma 2); 0: none
+  logit_scale: float = 1.0           # output logits multiplied by it, before any cap (Cohere's logit_scale)
   attention_softcap: float = 0.0     # c > 0: attention logits c tanh(x / c) before the softmax (Gemma 2); 0: none
   attention_sinks: bool = False      # a learned logit per head and layer in every softmax denominator (GPT-OSS)
   query_scale: float = 0.0           # > 0: attention logits scaled by its inverse square root (Gemma's
@@ -161,6 +163,8 @@ class ModelConfig:
             self.attention_implementation, ', '.join(IMPLEMENTATIONS))
     self._check_layer_types()
     require(self.qk_norm in QK_NORMS, 'qk_norm', self.qk_norm, ', '.join(QK_NORMS))
+    require(math.isfinite(self.logit_scale) and self.logit_scale > 0.0, 'logit_scale', self.logit_scale,
+            'a finite number > 0 (1: the logits as they are)')
     for name in ('final_logit_softcap', 'attention_softcap', 'query_scale'):
       value = getattr(self, name)
       require(math.isfinite(value) and value >= 0.0, name, value, 'a finite number >= 0 (0: off)')

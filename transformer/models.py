@@ -35,10 +35,12 @@ class TokenEmbedding(nn.Module):
     return x * math.sqrt(self.config.model_dim) if self.config.scale_embeddings else x
 
   def logits(self, x_BxLxD):
-    """In float32 whatever the compute dtype: the softmax over a large vocabulary needs it. With
-    final_logit_softcap c > 0, c tanh(logits / c) (Gemma 2's cap)."""
+    """In float32 whatever the compute dtype: the softmax over a large vocabulary needs it. Times logit_scale
+    (Cohere's); with final_logit_softcap c > 0, c tanh(logits / c) (Gemma 2's cap)."""
     x_BxLxD = x_BxLxD.astype(jnp.float32)
     logits = self.embed.attend(x_BxLxD) if self.config.tie_embeddings else self.output(x_BxLxD)
+    if self.config.logit_scale != 1.0:
+      logits = logits * self.config.logit_scale
     cap = self.config.final_logit_softcap
     return batch_split(cap * jnp.tanh(logits / cap) if cap else logits)
 

@@ -41,15 +41,9 @@ def _positions(hf_config: dict, name: str) -> tuple:
   """(the global layers' RoPE, the sliding layers'): rope_parameters keyed by layer type (transformers 5), or
   rope_theta and rope_scaling for the global layers and rope_local_base_freq for the local ones (Gemma 3's older
   schema); Gemma 2 has one RoPE for both."""
-  keyed = hf_config.get('rope_parameters')
-  if isinstance(keyed, dict) and any(isinstance(value, dict) for value in keyed.values()):
-    unknown = sorted(set(keyed) - set(LAYER_TYPES))
-    if unknown:
-      raise PretrainedError(f'config.json: rope_parameters: keyed by {unknown[0]!r}; valid: {", ".join(LAYER_TYPES)}')
-    by_type = {kind: rope_config.rope_position({**hf_config, 'rope_parameters': keyed.get(kind) or {},
-                                                'rope_scaling': None, 'rope_theta': None})
-               for kind in LAYER_TYPES}
-    return by_type['full_attention'], by_type['sliding_attention']
+  keyed = rope_config.positions_by_layer_type(hf_config, LAYER_TYPES)
+  if keyed is not None:
+    return keyed
   global_position = rope_config.rope_position(hf_config)
   if name == 'Gemma2ForCausalLM':
     return global_position, None
@@ -137,22 +131,11 @@ def exportable(config: transformer.ModelConfig) -> str:
   for field, value in {**BLOCK, **GEMMA3_FIXED}.items():
     if getattr(config, field) != value:
       return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (Gemma 3\'s block)'
-  if set(config.layer_type_cycle) - {'full', 'sliding'}:
-    return f'model.layer_types: got {config.layer_types!r}; valid: full and sliding layers (Gemma 3 has no chunks)'
-  for name, position in (('position', config.position), ('local_position', config.local_position)):
-    if position is not None and position.kind != 'rope':
-      return f'model.{name}.kind: got {position.kind!r}; valid: rope (Gemma 3\'s layers rotate)'
-    refused = '' if position is None else rope_config.unexportable(position)
-    if refused:
-      return refused.replace('model.position.', f'model.{name}.')
-  return ''
+  return rope_config.unexportable_layers(config, 'Gemma 3')
 
 
 def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
   """config.json of Gemma3ForCausalLM (transformers 5's schema: layer_types, rope_parameters by layer type)."""
-  def rope_parameters(position):
-    fields = rope_config.rope_fields(position, context_length)
-    return {'rope_type': 'default', **fields.pop('rope_scaling', {}), 'rope_theta': fields['rope_theta']}
   kinds = {'full': 'full_attention', 'sliding': 'sliding_attention'}
   return dict(
       architectures=['Gemma3ForCausalLM'], model_type='gemma3_text', vocab_size=config.vocab_size,
@@ -162,8 +145,9 @@ def hf_config(config: transformer.ModelConfig, context_length: int) -> dict:
       rms_norm_eps=config.layer_norm_eps, max_position_embeddings=context_length,
       sliding_window=config.sliding_window or None,
       layer_types=[kinds[config.layer_type(index)] for index in range(config.num_decoder_layers)],
-      rope_parameters={'full_attention': rope_parameters(config.position),
-                       'sliding_attention': rope_parameters(config.local_position or config.position)},
+      rope_parameters={'full_attention': rope_config.rope_parameters(config.position, context_length),
+                       'sliding_attention': rope_config.rope_parameters(config.local_position or config.position,
+                                                                        context_length)},
       query_pre_attn_scalar=_integral(config.query_scale or config.head_dim), tie_word_embeddings=config.tie_embeddings,
       attention_bias=False, attention_dropout=0.0, attn_logit_softcapping=None, final_logit_softcapping=None,
       use_bidirectional_attention=False, torch_dtype='float32')

@@ -87,7 +87,7 @@ def exportable(config: transformer.ModelConfig) -> str:
   """'' when the run's model is GPT-2's block: learned positions, pre-LayerNorm, GELU, biases, multi-head."""
   if config.position.kind != 'learned':
     return f'model.position.kind: got {config.position.kind!r}; valid: learned (GPT-2\'s block)'
-  for field, value in BLOCK.items():
+  for field, value in {**BLOCK, **tables.PLAIN_ATTENTION, 'head_width': 0}.items():
     if getattr(config, field) != value:
       return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (GPT-2\'s block)'
   if config.key_value_heads != config.num_heads:

@@ -138,7 +138,7 @@ def exportable(config: transformer.ModelConfig) -> str:
     return f'model.position.kind: got {position.kind!r}; valid: rope, or p_rope with rescaled frequencies'
   if position.settings.rope_extension != 'none' or position.settings.ssmax:
     return 'model.position.rope_extension: valid for GPT-NeoX: none, without ssmax'
-  for field, value in BLOCK.items():
+  for field, value in {**BLOCK, **tables.PLAIN_ATTENTION, 'head_width': 0}.items():
     if getattr(config, field) != value:
       return f'model.{field}: got {getattr(config, field)!r}; valid: {value!r} (GPT-NeoX\'s block)'
   if config.activation not in ('gelu', 'gelu_exact'):

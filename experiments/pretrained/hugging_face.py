@@ -1,7 +1,8 @@
 """A Hugging Face model folder (config.json and model.safetensors, or shards with model.safetensors.index.json) as
 this library's decoder: the architecture named in config.json picks its table (ARCHITECTURES: llama.py for
-LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, gpt2.py, gpt_neox.py, gemma.py for
-Gemma2ForCausalLM and Gemma3ForCausalLM), which maps the config to transformer.ModelConfig and every tensor to a
+LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and SmolLM3ForCausalLM, gpt2.py,
+gpt_neox.py, gemma.py for Gemma2ForCausalLM and Gemma3ForCausalLM, olmo.py for Olmo2ForCausalLM and
+Olmo3ForCausalLM, cohere.py for Cohere2ForCausalLM), which maps the config to transformer.ModelConfig and every tensor to a
 parameter, read tensor by tensor with safetensors' NumPy API
 (safetensors_file.py), never needing PyTorch. A tensor no row of the table reads is refused by name.
 """
@@ -9,12 +10,13 @@ parameter, read tensor by tensor with safetensors' NumPy API
 import os
 
 import transformer
-from experiments.pretrained import gemma, gpt2, gpt_neox, llama
+from experiments.pretrained import cohere, gemma, gpt2, gpt_neox, llama, olmo
 from experiments.pretrained.safetensors_file import INDEX_FILE, WEIGHTS_FILE, Tensors
 from experiments.pretrained.tables import PretrainedError, read_json_object
 
 ARCHITECTURES = {**{name: llama for name in llama.ARCHITECTURES}, gpt2.ARCHITECTURE: gpt2,
-                 gpt_neox.ARCHITECTURE: gpt_neox, **{name: gemma for name in gemma.ARCHITECTURES}}
+                 gpt_neox.ARCHITECTURE: gpt_neox, **{name: gemma for name in gemma.ARCHITECTURES},
+                 **{name: olmo for name in olmo.ARCHITECTURES}, **{name: cohere for name in cohere.ARCHITECTURES}}
 CONFIG_FILE = 'config.json'
 
 

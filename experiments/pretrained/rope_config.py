@@ -6,6 +6,7 @@ is max_position_embeddings (transformers' dynamic reads that one). Any other typ
 schemas disagreeing is refused by name, never dropped or guessed."""
 
 import math
+from typing import Optional
 
 import transformer
 from experiments.pretrained.tables import PretrainedError, number, position_config
@@ -107,6 +108,21 @@ def rope_position(hf_config: dict, kind_of_position: str = 'rope', **extra) -> t
   return position_config(kind_of_position, **fields, **extra)
 
 
+def positions_by_layer_type(hf_config: dict, layer_types: dict) -> Optional[tuple]:
+  """(the full layers' RoPE, the sliding layers') from transformers 5's rope_parameters keyed by layer type
+  (layer_types: its keys, e.g. tables.HF_LAYER_TYPES); None where rope_parameters is one set for every layer."""
+  keyed = hf_config.get('rope_parameters')
+  if not isinstance(keyed, dict) or not any(isinstance(value, dict) for value in keyed.values()):
+    return None
+  unknown = sorted(set(keyed) - set(layer_types))
+  if unknown:
+    raise PretrainedError(f'{WHERE}: rope_parameters: keyed by {unknown[0]!r}; valid: {", ".join(layer_types)}')
+  by_type = {kind: rope_position({**hf_config, 'rope_parameters': keyed.get(kind) or {}, 'rope_scaling': None,
+                                  'rope_theta': None})
+             for kind in layer_types}
+  return by_type['full_attention'], by_type['sliding_attention']
+
+
 # This library's extension -> transformers' rope_type (the methods it computes the same way).
 ROPE_SCALING = {'none': None, 'pi': 'linear', 'dynamic_ntk_sequence': 'dynamic', 'llama3': 'llama3', 'yarn': 'yarn'}
 
@@ -127,6 +143,20 @@ def unexportable(position: transformer.PositionConfig) -> str:
   if settings.temperature_scale:
     return (f'model.position.temperature_scale: got {settings.temperature_scale}; valid: 0 (this block in '
             'transformers has no attention temperature)')
+  return ''
+
+
+def unexportable_layers(config: transformer.ModelConfig, block: str) -> str:
+  """'' when every layer of the run is full or sliding with RoPE that transformers computes as this library does
+  (model.position and model.local_position); else the field that is not, naming the block."""
+  if set(config.layer_type_cycle) - {'full', 'sliding'}:
+    return f'model.layer_types: got {config.layer_types!r}; valid: full and sliding layers ({block} has no chunks)'
+  for name, position in (('position', config.position), ('local_position', config.local_position)):
+    if position is not None and position.kind != 'rope':
+      return f'model.{name}.kind: got {position.kind!r}; valid: rope ({block}\'s layers rotate)'
+    refused = '' if position is None else unexportable(position)
+    if refused:
+      return refused.replace('model.position.', f'model.{name}.')
   return ''
 
 
@@ -154,3 +184,10 @@ def rope_fields(position: transformer.PositionConfig, context_length: int) -> di
                                   **({'attention_factor': settings.yarn_attention_factor}
                                      if settings.yarn_attention_factor else {}))
   return fields
+
+
+def rope_parameters(position: transformer.PositionConfig, context_length: int) -> dict:
+  """One layer type's entry of transformers 5's rope_parameters for the run's RoPE (rope_type, its fields and
+  rope_theta)."""
+  fields = rope_fields(position, context_length)
+  return {'rope_type': 'default', **fields.pop('rope_scaling', {}), 'rope_theta': fields['rope_theta']}

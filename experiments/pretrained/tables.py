@@ -215,6 +215,12 @@ def first_of(fields: dict, names: tuple, default: Optional[object] = None):
   return default
 
 
+# The attention options a checkpoint of the plain blocks (Llama, GPT-2, GPT-NeoX) has no field for: an export of a
+# run with any other value is refused, never written without them.
+PLAIN_ATTENTION = dict(layer_types='full', local_position=None, qk_norm='none', sandwich_norm=False,
+                       attention_sinks=False, attention_softcap=0.0, final_logit_softcap=0.0, query_scale=0.0,
+                       logit_scale=1.0)
+
 HF_LAYER_TYPES = {'full_attention': 'full', 'sliding_attention': 'sliding'}  # transformers 5's layer_types
 
 

@@ -38,7 +38,7 @@ ADDED_FIELDS = {'parallel.fsdp': 1, 'parallel.tensor': 1, 'parallel.rules.embed'
                 'model.attention_chunk_size': 0, 'model.qk_norm': 'none', 'model.final_logit_softcap': 0.0,
                 'model.parallel_residual': False, 'model.attention_softcap': 0.0, 'model.attention_sinks': False,
                 'model.query_scale': 0.0, 'model.sandwich_norm': False, 'model.local_position': None,
-                'model.head_width': 0,
+                'model.head_width': 0, 'model.logit_scale': 1.0,
                 'model.num_kv_heads': 0, 'parallel.rules.kv_heads': 'tensor',
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(Settings)},
                 **{f'model.position.{field.name}': field.default for field in dataclasses.fields(ExtensionSettings)}}
