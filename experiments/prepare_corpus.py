@@ -11,8 +11,9 @@ read as a fraction of 2^64, is below --heldout_fraction: adding documents never 
 
 --tokenizer=bytes needs no training; --tokenizer=bpe trains a byte-level BPE of --vocab_size tokens with
 Hugging Face tokenizers on the first --tokenizer_sample_bytes of training documents; --tokenizer=PATH takes a
-pretrained model's own byte-level BPE, from its tokenizer.json or its GGUF file, so that the model is scored in
-bits per byte on this text (its <|endoftext|> or <|end_of_text|> token is the EOD). Documents are then
+pretrained model's own BPE (byte-level, or SentencePiece's pieces with byte fallback: Gemma, Llama 2; BOS before each
+document where its template starts with one), from its tokenizer.json or its GGUF file, so that the model is scored in
+bits per byte on this text (its <|endoftext|>, <|end_of_text|>, <eos> or </s> token is the EOD). Documents are then
 streamed through it (memory holds one batch of documents) into train.bin and heldout.bin with EOD after
 each; manifest.json records the inputs and their SHA-256, the tokenizer's, the counts and the command
 (experiments/data/corpus.py describes the folder). Everything is written to a temporary folder beside
@@ -70,8 +71,8 @@ def _dtype(requested: str, vocab_size: int) -> str:
 
 
 def pretrained_tokenizer(path: str) -> dict:
-  """{'text': tokenizer.json's text, 'path', 'sha256' of the file} of a pretrained model's byte-level BPE: its
-  tokenizer.json, or rebuilt from its GGUF file's metadata."""
+  """{'text': tokenizer.json's text, 'path', 'sha256' of the file} of a pretrained model's BPE (byte-level, or
+  SentencePiece's pieces with byte fallback): its tokenizer.json, or rebuilt from its GGUF file's metadata."""
   if not os.path.isfile(path):
     raise cli.CommandError(f'--tokenizer: got {path!r}, neither a file nor one of {", ".join(KINDS)}; valid: '
                            f'{", ".join(KINDS)}, or a pretrained model\'s tokenizer.json or .gguf file')
@@ -84,8 +85,9 @@ def pretrained_tokenizer(path: str) -> dict:
         text = file.read()
     BpeTokenizer.from_str(text)
   except Exception as error:  # pylint: disable=broad-except  (tokenizers and gguf raise their own types)
-    raise cli.CommandError(f'--tokenizer: {path}: {" ".join(str(error).split())[:200]}; valid: a byte-level BPE\'s '
-                           f'tokenizer.json, or a GGUF file of one') from None
+    raise cli.CommandError(f'--tokenizer: {path}: {" ".join(str(error).split())[:240]}; valid: the tokenizer.json '
+                           f'of a byte-level BPE or of SentencePiece\'s pieces with byte fallback, or a GGUF file of '
+                           f'one') from None
   return dict(text=text, path=os.path.abspath(path), sha256=sha256_of_file(path))
 
 

@@ -90,6 +90,31 @@ def test_prepare_writes_every_document_once_in_the_split_its_hash_names(tmp_path
   assert sorted(os.listdir(tmp_path)) == ['in', 'out']
 
 
+def test_a_sentencepiece_tokenizer_writes_bos_document_eod_and_counts_each_documents_bytes(tmp_path):
+  """Gemma's kind of tokenizer (SentencePiece pieces with byte fallback, BOS in its template, <eos>): each document
+  is BOS, its pieces, EOD; its pieces' bytes sum to its UTF-8 length, and it decodes back to its text."""
+  from experiments.pretrained import sentencepiece_gguf  # pylint: disable=import-outside-toplevel
+  from tests.test_sentencepiece import PIECES, TYPES  # pylint: disable=import-outside-toplevel
+  (tmp_path / 'tokenizer.json').write_text(sentencepiece_gguf.tokenizer_json(PIECES, TYPES, bos=2, add_bos=True,
+                                                                             add_space_prefix=False))
+  written = _write_inputs(tmp_path / 'in', count=6)
+  prepare(f'--input={tmp_path / "in"}', f'--output={tmp_path / "out"}', f'--tokenizer={tmp_path / "tokenizer.json"}',
+          '--heldout_fraction=0.25')
+  corpus = corpus_format.open_corpus(str(tmp_path / 'out'))
+  manifest = json.loads((tmp_path / 'out' / 'manifest.json').read_text())
+  found = []
+  for split in corpus_format.SPLITS:
+    tokens = np.asarray(corpus.tokens(split))
+    documents_of_split = np.split(tokens, np.flatnonzero(tokens == corpus.eod) + 1)[:-1]
+    for document in documents_of_split:
+      assert document[0] == 2 and document[-1] == corpus.eod == 1 and 2 not in document[1:]
+      text = corpus.tokenizer.decode(document)
+      assert corpus.token_bytes[document[:-1]].sum() == len(text.encode('utf-8'))
+      found.append(text)
+    assert corpus.token_bytes[tokens].sum() == manifest['splits'][split]['text_bytes'] + len(documents_of_split)
+  assert sorted(found) == sorted(written)
+
+
 def test_prepare_is_byte_identical_for_the_same_inputs_and_flags(tmp_path):
   _write_inputs(tmp_path / 'in')
   arguments = [f'--input={tmp_path / "in"}', f'--output={tmp_path / "out"}', '--vocab_size=320']

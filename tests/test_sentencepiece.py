@@ -37,3 +37,15 @@ def test_bos_only_where_the_file_asks_and_control_pieces_are_special():
   assert _tokenizer().encode('<eos>').ids == [2, 1]  # a control piece in the text is that token
   with pytest.raises(PretrainedError, match=r'add_space_prefix: got true; valid: false'):
     spm.tokenizer_json(PIECES, TYPES, bos=2, add_bos=True, add_space_prefix=True)
+
+
+def test_as_a_corpus_tokenizer_its_pieces_count_every_utf8_byte_once():
+  """'▁' a space, <0xNN> one byte, a user-defined piece its text's bytes; EOD (<eos>) one, BOS none."""
+  from experiments.data.corpus_tokenizer import BpeTokenizer  # pylint: disable=import-outside-toplevel
+  tokenizer = BpeTokenizer.from_str(spm.tokenizer_json(PIECES, TYPES, bos=2, add_bos=True, add_space_prefix=False))
+  assert (tokenizer.pieces, tokenizer.eod, tokenizer.bos) == (True, 1, 2)
+  token_bytes = tokenizer.token_bytes()
+  assert [int(token_bytes[index]) for index in (0, 1, 2, 4, 5, 6, 9, 11, 12)] == [0, 1, 0, 2, 2, 1, 2, 3, 1]
+  for text in ('  ab', 'a\n\nb ab', 'café 中文 😀', ' \t\n'):
+    ids = tokenizer.encode_batch([text])[0]
+    assert 2 not in ids and token_bytes[ids].sum() == len(text.encode('utf-8')), text

@@ -12,6 +12,8 @@ import os
 import shutil
 import time
 
+from typing import Optional
+
 import numpy as np
 from absl import logging
 
@@ -51,12 +53,14 @@ class _SplitWriter:
     self.digest = hashlib.sha256()
     self.documents = self.tokens = self.bytes = 0
 
-  def write(self, ids: np.ndarray, eod: int, text_bytes: int) -> None:
-    data = np.append(ids, eod).astype(self.dtype).tobytes()
+  def write(self, ids: np.ndarray, eod: int, text_bytes: int, bos: Optional[int] = None) -> None:
+    """The document's ids, then EOD; BOS before them where the tokenizer starts its sequences with one."""
+    tokens = np.concatenate([[] if bos is None else [bos], ids, [eod]])
+    data = tokens.astype(self.dtype).tobytes()
     self.file.write(data)
     self.digest.update(data)
     self.documents += 1
-    self.tokens += len(ids) + 1
+    self.tokens += len(tokens)
     self.bytes += text_bytes
 
   def close(self) -> dict:
@@ -84,7 +88,8 @@ def write_corpus(directory: str, files: list[str], tokenizer, settings: dict) ->
     def flush():
       nonlocal tokens
       for (text, size), ids in zip(batch, tokenizer.encode_batch([text for text, _ in batch])):
-        writers[documents_lib.split_of(text, settings['heldout_fraction'])].write(ids, tokenizer.eod, size)
+        writers[documents_lib.split_of(text, settings['heldout_fraction'])].write(ids, tokenizer.eod, size,
+                                                                                  tokenizer.bos)
         tokens += len(ids) + 1
       bar.update(batch_bytes)
       bar.set_postfix_str(f'{tokens / max(time.monotonic() - started, 1e-9):,.0f} tokens/s', refresh=False)
