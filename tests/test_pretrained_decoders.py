@@ -109,6 +109,12 @@ def test_a_config_that_cannot_be_served_is_refused_naming_the_field(tmp_path, ar
     hugging_face.model_config(fields)
 
 
+def test_a_gemma3_with_its_vision_tower_is_refused_saying_the_text_backbone_alone_is_read():
+  with pytest.raises(PretrainedError, match=r"got \['Gemma3ForConditionalGeneration'\], a vision tower with its text "
+                                            r'model; valid: Gemma3ForCausalLM .*the text backbone alone'):
+    hugging_face.model_config({'architectures': ['Gemma3ForConditionalGeneration'], 'model_type': 'gemma3'})
+
+
 def test_cohere2s_shared_norm_is_one_tensor_read_into_both_branches(tmp_path):
   """The parallel block's two norms hold the one input_layernorm, offsets zero: nothing of it is dropped."""
   model = _tiny('Cohere2ForCausalLM')

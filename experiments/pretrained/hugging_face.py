@@ -28,8 +28,16 @@ def read_config(folder: str) -> dict:
   return read_json_object(path, 'a model\'s configuration')
 
 
+# Multimodal classes whose text backbone is served here, when a folder holds it alone.
+TEXT_BACKBONES = {'Gemma3ForConditionalGeneration': 'Gemma3ForCausalLM (model_type gemma3_text)'}
+
+
 def architecture(hf_config: dict) -> str:
   names = hf_config.get('architectures') or []
+  if isinstance(names, list) and len(names) == 1 and names[0] in TEXT_BACKBONES:
+    raise PretrainedError(f'config.json: architectures: got {names}, a vision tower with its text model; valid: '
+                          f'{TEXT_BACKBONES[names[0]]}, the text backbone alone (as Gemma 3 270M and 1B are '
+                          'published), which this import reads')
   if not isinstance(names, list) or len(names) != 1 or names[0] not in ARCHITECTURES:
     raise PretrainedError(f'config.json: architectures: got {names}; valid: one of {", ".join(ARCHITECTURES)}')
   return names[0]
