@@ -113,6 +113,10 @@ def test_a_sentencepiece_tokenizer_writes_bos_document_eod_and_counts_each_docum
       found.append(text)
     assert corpus.token_bytes[tokens].sum() == manifest['splits'][split]['text_bytes'] + len(documents_of_split)
   assert sorted(found) == sorted(written)
+  task = _task(tmp_path / 'out', max_length=16, packing='documents')  # windows start with BOS, as the model saw
+  assert task.bos == 2 and np.all(task.batch(0, 0, 'train', 4)['inputs'][:, 0] == 2)
+  rows = task.packed_rows(np.array([[2, 7, 1, 2, 8, 9]]))  # a document's first input is its BOS
+  assert rows['positions'].tolist() == [[0, 1, 2, 0, 1, 2]] and rows['segments'].tolist() == [[0, 0, 0, 1, 1, 1]]
 
 
 def test_prepare_is_byte_identical_for_the_same_inputs_and_flags(tmp_path):

@@ -56,8 +56,11 @@ class Corpus(Task):
 
   @property
   def bos(self) -> int:
-    """The token in front of every window: EOD, which precedes every document but the first."""
-    return self.corpus.eod
+    """The token in front of every window (and of every probe's prompt): the tokenizer's BOS where its sequences
+    start with one (Gemma's, which the corpus also writes before every document), else EOD, which precedes every
+    document but the first."""
+    corpus = self.corpus
+    return corpus.eod if corpus.tokenizer.bos is None else corpus.tokenizer.bos
 
   @property
   def token_bytes(self) -> np.ndarray:
@@ -112,15 +115,16 @@ class Corpus(Task):
     count = len(row_indices)
     inputs = np.concatenate([np.full((count, 1), self.bos, np.int32), targets[:, :-1]], axis=1)
     weights = np.ones((count, length), np.float32)
-    weights[:, 0] = 0.0  # the first target has EOD alone before it, which every window starts with
+    weights[:, 0] = 0.0  # the first target has bos alone before it, which every window starts with
     batch = dict(inputs=inputs, targets=targets, weights=weights, valid=np.ones((count, length), bool))
     if split == 'train' and (self.settings.passkey_fraction or self.settings.needle_fraction):
       batch = retrieval_rows.mix_into(batch, self.settings, passkey.codec_for(self), tokens, seed, step, row_indices)
     return dict(batch, **self.packed_rows(batch['inputs']))
 
   def packed_rows(self, inputs_BxL: np.ndarray) -> dict:
-    """With packing 'documents': positions (B x L) restarting at 0 at each EOD input, and segments (B x L)
-    counting the EODs so far (each EOD input begins a document); {} with 'stream'."""
+    """With packing 'documents': positions (B x L) restarting at 0 at each document's first input (EOD, or BOS where
+    the corpus writes BOS before every document: self.bos), and segments (B x L) counting those so far; {} with
+    'stream'."""
     if self.settings.packing != 'documents':
       return {}
     is_start = inputs_BxL == self.bos
