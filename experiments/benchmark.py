@@ -1,4 +1,4 @@
-"""Benchmarks, one command with eight subcommands (each prints a table; see BENCHMARKS.md):
+"""Benchmarks, one command with nine subcommands (each prints a table; see BENCHMARKS.md):
 
   python -m experiments.benchmark [step] [--positions=all --lengths=256,1024 --peer ...]
       the training step of every positional variant: time, tokens/s, MFU, peak memory
@@ -24,6 +24,9 @@
   python -m experiments.benchmark streaming [--cache_size=128 --sink_tokens=4 --multiples=8,64 ...]
       a stream scored token by token through StreamingLLM's cache against a cache of every position: time per
       token and memory by stream length (experiments/benchmarks/streaming.py)
+  python -m experiments.benchmark pretrained --source=RUN [--lengths=2048,8192 --new_tokens=256 ...]
+      a pretrained model's forward pass and greedy decoding beside transformers' on the same checkpoint: time,
+      compilation and peak memory, each row in its own process (experiments/benchmarks/pretrained.py)
 """
 
 from experiments.shared.signals import STOP  # first: a stop signal during the imports below exits cleanly too
@@ -69,13 +72,18 @@ def _streaming():
   return streaming
 
 
+def _pretrained():
+  from experiments.benchmarks import pretrained
+  return pretrained
+
+
 def _seeds():
   from experiments.benchmarks import seeds
   return seeds
 
 
 SUBCOMMANDS = {'step': _step, 'attention': _attention, 'matmul': _matmul, 'seeds': _seeds, 'corpus': _corpus,
-               'sharding': _sharding, 'sweep': _sweep, 'streaming': _streaming}  # each module defines its own flags
+               'sharding': _sharding, 'sweep': _sweep, 'streaming': _streaming, 'pretrained': _pretrained}  # each module defines its own flags
 
 
 def main():

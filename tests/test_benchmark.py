@@ -4,6 +4,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -305,3 +306,34 @@ def test_the_streaming_benchmark_keeps_streamingllms_memory_flat_where_the_whole
   assert sorted(rows) == [('streaming', 8), ('streaming', 64), ('whole', 8), ('whole', 64)]
   assert rows['streaming', 64][1] == rows['streaming', 8][1]  # XLA's temporary memory, MB
   assert rows['whole', 64][1] > rows['whole', 8][1]
+
+
+@pytest.mark.slow
+def test_the_pretrained_benchmark_times_both_sides_of_one_checkpoint_each_in_its_own_process(tmp_path):
+  """A tiny Llama folder made by transformers: a forward row and a decoding row for each side, each with its time,
+  rate and the peak memory of its own process."""
+  transformers = pytest.importorskip('transformers', reason='the other side is transformers')
+  torch = pytest.importorskip('torch', reason='the other side is transformers on PyTorch')
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                    num_attention_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+  transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / 'llama', safe_serialization=True)
+  environment = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu')
+  result = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'pretrained',
+                               f'--source={tmp_path / "llama"}', '--lengths=16', '--prompt_length=8',
+                               '--new_tokens=2', '--repeats=1'], cwd=ROOT, env=environment, capture_output=True,
+                              text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = [line.split() for line in result.stdout.splitlines()[2:]]
+  assert [(row[0], row[1], row[2]) for row in rows] == [('ours', 'forward', '16'), ('transformers', 'forward', '16'),
+                                                        ('ours', '2', 'after'), ('transformers', '2', 'after')]
+  for row in rows:
+    _, rate, _, peak = (float(value) for value in row[-4:])
+    assert rate > 0 and peak > 50, row
+  (tmp_path / 'run').mkdir()
+  (tmp_path / 'run' / 'config.json').write_text('{}')
+  for source, message in ((tmp_path / 'missing', '--source: got .*missing.*; valid: an imported run, a .gguf file'),
+                          (tmp_path / 'run', 'is a run with no recorded source')):
+    refused = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'pretrained', f'--source={source}'],
+                                 cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and re.search(message, refused.stderr), refused.stderr[-1000:]
