@@ -74,18 +74,32 @@ _ROW = flags.DEFINE_string('row', None, 'Internal: run one row, "variant:length"
 _PEER_ROW = flags.DEFINE_enum('peer_row', None, ['fused', 'unfused'], 'Internal: run --row on x-transformers.')
 
 
+def _position(variant: str, length: int):
+  """The variant at its defaults (with scalable softmax for KIND+ssmax), a learned table long enough for `length`."""
+  import transformer  # pylint: disable=g-import-not-at-top
+  kind, _, ssmax = variant.partition('+')
+  long_enough = transformer.VARIANTS[kind].own_settings({'max_length': max(length, 512)})
+  return transformer.PositionConfig(kind, ssmax=ssmax == 'ssmax', **long_enough)
+
+
+def _cache_bytes(config) -> tuple:
+  """(the decoding cache's bytes at --cache_length, those of its keys and values alone), from shapes only."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import transformer  # pylint: disable=g-import-not-at-top
+  model = transformer.DecoderOnly(config)
+  cache = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, _CACHE_LENGTH.value), 'int32'),
+                                            use_cache=True))
+  leaves = jax.tree_util.tree_flatten_with_path(cache.get('cache', {}))[0]
+  key_value = sum(leaf.size * leaf.dtype.itemsize for path, leaf in leaves
+                  if jax.tree_util.keystr(path).endswith(("'cached_key']", "'cached_value']")))
+  return sum(leaf.size * leaf.dtype.itemsize for _, leaf in leaves), key_value
+
+
 def run_row(variant: str, length: int, kv_heads: int = 0) -> dict:
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   import transformer  # pylint: disable=g-import-not-at-top
-  def _position(variant, length):
-    """The variant at its defaults (with scalable softmax for KIND+ssmax), a learned table long enough for
-    `length`."""
-    kind, _, ssmax = variant.partition('+')
-    long_enough = transformer.VARIANTS[kind].own_settings({'max_length': max(length, 512)})
-    return transformer.PositionConfig(kind, ssmax=ssmax == 'ssmax', **long_enough)
-
   config = transformer.ModelConfig(
       vocab_size=_VOCAB.value, model_dim=_MODEL_DIM.value, num_heads=_HEADS.value, num_kv_heads=kv_heads,
       feed_forward_dim=_FF.value, num_decoder_layers=_LAYERS.value, num_encoder_layers=0, dropout_rate=0.0,
@@ -127,13 +141,7 @@ def run_row(variant: str, length: int, kv_heads: int = 0) -> dict:
   peak_bytes = stats['peak_bytes_in_use'] if stats else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   count = sum(int(p.size) for p in jax.tree_util.tree_leaves(params))
   median = statistics.median(times)
-  cache_model = transformer.DecoderOnly(config.replace(position=_position(variant, _CACHE_LENGTH.value)))
-  cache = jax.eval_shape(lambda: cache_model.init(jax.random.PRNGKey(0), jax.numpy.zeros((1, _CACHE_LENGTH.value),
-                                                                                         'int32'), use_cache=True))
-  leaves = jax.tree_util.tree_flatten_with_path(cache.get('cache', {}))[0]
-  cache_bytes = sum(leaf.size * leaf.dtype.itemsize for _, leaf in leaves)
-  key_value_bytes = sum(leaf.size * leaf.dtype.itemsize for path, leaf in leaves
-                        if jax.tree_util.keystr(path).endswith(("'cached_key']", "'cached_value']")))
+  cache_bytes, key_value_bytes = _cache_bytes(config.replace(position=_position(variant, _CACHE_LENGTH.value)))
   flops = model_flops_per_step(count, _LAYERS.value, _MODEL_DIM.value, length, batch)
   return dict(variant=variant, length=length, kv_heads=config.key_value_heads, batch=batch, parameters=count,
               cache_bytes=cache_bytes, key_value_cache_bytes=key_value_bytes, cache_length=_CACHE_LENGTH.value,

@@ -174,14 +174,8 @@ class Problem:
   long_factors: tuple = ()         # searching the short set: the long set, the run's own, kept as trained
 
 
-def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Optional[int] = None,
-                 factor_set: str = 'long', corpus: str = '') -> Problem:
-  """The runs (one configuration, each seed once, of a rotary variant), the factor s > 1, the length scored
-  (None: the original length times s), and what is scored: a language model's held-out stream's last `tokens`
-  (at most half of it; corpus: as checkpoints.run_model's), or a task run's `batches` evaluation batches after the
-  trainer's own (None: as many as the trainer's); a ValueError names the flag and what would be valid. factor_set
-  'short' searches the short set of runs trained with longrope at a length within the original one (None: the
-  original length; a task's trained problem size), their long set kept, the set chosen by length."""
+def _check_seeds_of_one_configuration(workdirs: list) -> None:
+  """ValueError unless the runs share one configuration and each seed comes once."""
   lineages = [lineage.of_run(workdir) for workdir in workdirs]
   for workdir, other in zip(workdirs[1:], lineages[1:]):
     if other.configuration != lineages[0].configuration:
@@ -192,6 +186,17 @@ def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Op
   seeds = [run.seeds for run in lineages]
   if len(set(seeds)) < len(seeds):
     raise ValueError(f'--workdir: the runs\' seeds {seeds} repeat; valid: each seed once')
+
+
+def pose_problem(workdirs: list, factor: float, length, tokens: int, batches: Optional[int] = None,
+                 factor_set: str = 'long', corpus: str = '') -> Problem:
+  """The runs (one configuration, each seed once, of a rotary variant), the factor s > 1, the length scored
+  (None: the original length times s), and what is scored: a language model's held-out stream's last `tokens`
+  (at most half of it; corpus: as checkpoints.run_model's), or a task run's `batches` evaluation batches after the
+  trainer's own (None: as many as the trainer's); a ValueError names the flag and what would be valid. factor_set
+  'short' searches the short set of runs trained with longrope at a length within the original one (None: the
+  original length; a task's trained problem size), their long set kept, the set chosen by length."""
+  _check_seeds_of_one_configuration(workdirs)
   config, task = checkpoints.run_model(workdirs[0], corpus)
   settings = config.position.settings
   if config.position.kind not in ROTARY or not isinstance(settings, ExtensionSettings):
