@@ -359,6 +359,11 @@ class TransformerStack(nn.Module):
     if kind == 'chunked' and not self.causal:
       raise ValueError(f'layer_types: got {config.layer_types!r} in bidirectional attention (an encoder); valid: full '
                        'or sliding there (a chunk is a decoder\'s: Llama 4 splits the causal context into chunks)')
+    # A full pass's positions are NumPy constants, from which XLA would fold the L x L window at compile time
+    # (gigabytes at 32k) though the cores read the window as such: behind a barrier it stays a computation, dropped
+    # where nothing reads it.
+    q_positions_BxLq, k_positions_BxLk = jax.lax.optimization_barrier(
+        (jnp.asarray(q_positions_BxLq), jnp.asarray(k_positions_BxLk)))
     window = window_mask(q_positions_BxLq, k_positions_BxLk, causal=self.causal,
                          window=config.sliding_window if kind == 'sliding' else 0,
                          chunk=config.attention_chunk_size if kind == 'chunked' else 0)
