@@ -52,8 +52,11 @@ def test_an_olmo3_checkpoint_with_its_windows_and_two_ropes_gives_transformers_l
   assert config.position.settings.rope_extension == 'yarn' and config.local_position.settings.rope_extension == 'none'
 
 
-def test_an_olmo3_checkpoint_in_bfloat16_gives_transformers_logits(tmp_path):
-  _compare(_tiny('Olmo3ForCausalLM', tie_word_embeddings=True), tmp_path, torch.bfloat16)
+@pytest.mark.parametrize('architecture', ['Olmo2ForCausalLM', 'Olmo3ForCausalLM', 'SmolLM3ForCausalLM'])
+def test_a_checkpoint_in_bfloat16_gives_transformers_logits(tmp_path, architecture):
+  """Weights stored in bfloat16, tied where the others above are untied (SmolLM3: untied, kv heads 2)."""
+  tied = architecture != 'SmolLM3ForCausalLM'
+  _compare(_tiny(architecture, tie_word_embeddings=tied), tmp_path, torch.bfloat16)
 
 
 @pytest.mark.parametrize('sliding', [False, True])
