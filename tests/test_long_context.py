@@ -309,3 +309,17 @@ def test_an_extension_stretches_the_layers_it_is_asked_to():
   with pytest.raises(ValueError, match=r"--extension: got 'yarn' for a none run \(--extension_layers=global\)"):
     stretched(command_a, 'global')
   assert long_context.default_name(_request('yarn', 4.0, extension_layers='global')) == 'yarn-x4-global-sliding0.5-600'
+
+
+def test_an_extension_of_the_global_layers_is_named_and_labelled_apart_from_all_layers():
+  """A probe or evaluation that stretched the global layers only never shares a directory or a table row with one
+  that stretched all layers: the names, the probes' records and the rows' labels say which."""
+  from experiments.evaluation import lineage, probes  # pylint: disable=import-outside-toplevel
+  probe = probes.ProbeRequest(lengths=(64,), depths=(0.5,), trials=2)
+  every, global_only = _request('yarn', 4.0), _request('yarn', 4.0, extension_layers='global')
+  assert probes.default_name(every, probe) == 'passkey-yarn-x4-heldout-2'
+  assert probes.default_name(global_only, probe) == 'passkey-yarn-x4-global-heldout-2'
+  configuration = {'model.position.kind': 'rope'}
+  labels = [lineage.label(configuration, 'yarn', 4.0, long_context.label_overrides(description))
+            for description in ({}, {'extension_layers': 'global', 'corpus_name': 'shipped'})]
+  assert labels == ['rope + yarn x4', 'rope + yarn x4 + extension_layers=global + corpus=shipped']

@@ -27,10 +27,8 @@ def group(evaluations) -> list[lineage.Row]:
   items = []
   for directory, description, results in evaluations:
     run_lineage = lineage.of_run(description['run'])
-    overrides = [(field, long_context.override_text(value)) for field, value in description['position_overrides']]
-    if description.get('corpus_name'):
-      overrides.append(('corpus', description['corpus_name']))
-    label = lineage.label(run_lineage.configuration, description['method'], description['factor'], overrides)
+    label = lineage.label(run_lineage.configuration, description['method'], description['factor'],
+                          long_context.label_overrides(description))
     items.append((label, lineage.evaluated_at(run_lineage, description['checkpoint_step']), directory, results))
   return lineage.group(items)
 

@@ -59,16 +59,32 @@ def override_text(value) -> str:
   return text if len(text) <= 24 and ' ' not in text else 'sha' + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
+def name_settings(request) -> str:
+  """What a name adds for the position overrides and the layers an extension stretches (none for all of them):
+  '-yarn_beta64-global'."""
+  settings = ''.join(f'-{field}{override_text(value)}' for field, value in request.position_overrides)
+  return settings + (f'-{request.extension_layers}' if request.extension_layers != 'all' else '')
+
+
+def label_overrides(description: dict) -> list:
+  """(field, value) pairs a table row's label adds for an evaluation or probe: its position overrides and the
+  layers its extension stretched where not all (evaluation.json's fields), then its corpus."""
+  pairs = [(field, override_text(value)) for field, value in description.get('position_overrides') or ()]
+  if description.get('extension_layers', 'all') != 'all':
+    pairs.append(('extension_layers', description['extension_layers']))
+  if description.get('corpus_name'):
+    pairs.append(('corpus', description['corpus_name']))
+  return pairs
+
+
 def default_name(request: Request, task_batches: Optional[tuple] = None) -> str:
   """method, factor, overrides, then how it was scored: the protocol and tokens of a stream, or a task's
   (evaluation batches, batch size), e.g. yarn-x4-sliding0.5-600, none-streaming-s4-c128-8192 or
   yarn-x4-batches4x32."""
   factor = '' if request.method in ('none', 'dynamic_ntk') else f'-x{request.factor:g}'
-  settings = ''.join(f'-{field}{override_text(value)}' for field, value in request.position_overrides)
+  settings = name_settings(request)
   if task_batches is not None:
     return f'{request.method}{factor}{settings}-batches{task_batches[0]}x{task_batches[1]}'
-  if request.extension_layers != 'all':
-    settings += f'-{request.extension_layers}'
   protocol = {'windows': 'windows', 'sliding': f'sliding{request.stride_fraction:g}',
               'streaming': f'streaming-s{request.sink_tokens}-c{request.cache_size}'}[request.protocol]
   return f'{request.method}{factor}{settings}-{protocol}-{request.tokens}'

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from experiments.evaluation import lineage
+from experiments.evaluation import lineage, long_context
 from experiments.evaluation.probes import PROBES, wilson_interval
 from experiments.shared.statistics import mean_interval
 
@@ -26,9 +26,10 @@ QUESTIONS = ('probe', 'needles', 'lengths', 'depths', 'trials', 'filler', 'seed'
 
 
 def row_label(description: dict) -> str:
-  """The variant as trained (with its fine-tuning, if any) and the extension it was probed with."""
-  corpus = [('corpus', description['corpus_name'])] if description.get('corpus_name') else []
-  return lineage.label(description['run_configuration'], description['method'], description['factor'], corpus)
+  """The variant as trained (with its fine-tuning, if any) and the extension it was probed with (its overrides and
+  the layers it stretched where not all)."""
+  return lineage.label(description['run_configuration'], description['method'], description['factor'],
+                       long_context.label_overrides(description))
 
 
 def seeds_of(description: dict) -> tuple:

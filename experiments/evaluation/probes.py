@@ -87,9 +87,12 @@ FILLERS = ('heldout', 'classic')
 
 
 def default_name(extension, request: ProbeRequest) -> str:
+  """probe, method, factor, position overrides and the layers stretched (where not all), filler, trials."""
+  from experiments.evaluation import long_context  # pylint: disable=g-import-not-at-top
   factor = '' if extension.method in ('none', 'dynamic_ntk') else f'-x{extension.factor:g}'
   needles = f'-{request.needles}needles' if request.probe == 'needle' else ''
-  return f'{request.probe}-{extension.method}{factor}-{request.filler}-{request.trials}{needles}'
+  return (f'{request.probe}-{extension.method}{factor}{long_context.name_settings(extension)}-{request.filler}-'
+          f'{request.trials}{needles}')
 
 
 def cached_continuations(model, params, most_tokens: int):
@@ -176,6 +179,10 @@ def _description(workdir: str, request: ProbeRequest, extension, config, resolve
                      variant=config.position.kind, position=config.position.fields(), original_length=original,
                      trained_length=int(resolved['task']['max_length']), method=extension.method,
                      factor=extension.factor, run_seed=run_lineage.seeds[-1],
+                     **({'position_overrides': [list(pair) for pair in extension.position_overrides]}
+                        if extension.position_overrides else {}),
+                     **({'extension_layers': extension.extension_layers} if extension.extension_layers != 'all'
+                        else {}),
                      run_configuration=run_lineage.configuration,
                      **({'source_seeds': list(run_lineage.seeds[:-1])} if len(run_lineage.seeds) > 1 else {}),
                      **{k: v for k, v in dataclasses.asdict(request).items()
