@@ -310,8 +310,8 @@ def test_the_streaming_benchmark_keeps_streamingllms_memory_flat_where_the_whole
 
 @pytest.mark.slow
 def test_the_pretrained_benchmark_times_both_sides_of_one_checkpoint_each_in_its_own_process(tmp_path):
-  """A tiny Llama folder made by transformers: a forward row and a decoding row for each side, each with its time,
-  rate and the peak memory of its own process."""
+  """A tiny Llama folder made by transformers, imported: a forward row and a decoding row for each side, each with its
+  time, rate and the peak memory of its own process; a source that is no imported run is refused."""
   transformers = pytest.importorskip('transformers', reason='the other side is transformers')
   torch = pytest.importorskip('torch', reason='the other side is transformers on PyTorch')
   torch.manual_seed(0)
@@ -319,8 +319,12 @@ def test_the_pretrained_benchmark_times_both_sides_of_one_checkpoint_each_in_its
                                     num_attention_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
   transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / 'llama', safe_serialization=True)
   environment = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu')
+  imported = command_server.run([sys.executable, '-m', 'experiments.import_checkpoint', f'--source={tmp_path / "llama"}',
+                                 f'--workdir={tmp_path / "run"}'], cwd=ROOT, env=environment, capture_output=True,
+                                text=True, timeout=300)
+  assert imported.returncode == 0, imported.stderr[-2000:]
   result = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'pretrained',
-                               f'--source={tmp_path / "llama"}', '--lengths=16', '--prompt_length=8',
+                               f'--source={tmp_path / "run"}', '--lengths=16', '--prompt_length=8',
                                '--new_tokens=2', '--repeats=1'], cwd=ROOT, env=environment, capture_output=True,
                               text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
@@ -330,10 +334,11 @@ def test_the_pretrained_benchmark_times_both_sides_of_one_checkpoint_each_in_its
   for row in rows:
     _, rate, _, peak = (float(value) for value in row[-4:])
     assert rate > 0 and peak > 50, row
-  (tmp_path / 'run').mkdir()
-  (tmp_path / 'run' / 'config.json').write_text('{}')
-  for source, message in ((tmp_path / 'missing', '--source: got .*missing.*; valid: an imported run, a .gguf file'),
-                          (tmp_path / 'run', 'is a run with no recorded source')):
+  (tmp_path / 'trained').mkdir()
+  (tmp_path / 'trained' / 'config.json').write_text('{}')
+  for source in (tmp_path / 'missing', tmp_path / 'trained', tmp_path / 'llama'):
     refused = command_server.run([sys.executable, '-m', 'experiments.benchmark', 'pretrained', f'--source={source}'],
                                  cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300)
-    assert refused.returncode != 0 and re.search(message, refused.stderr), refused.stderr[-1000:]
+    assert refused.returncode != 0 and re.search(r'--source: got .*, which is no run imported from a checkpoint; '
+                                                 r'valid: a run made by experiments.import_checkpoint',
+                                                 refused.stderr), refused.stderr[-1000:]

@@ -4,8 +4,8 @@ in its own process (one side, one measurement), so that each peak resident memor
   python -m experiments.benchmark pretrained --source=runs/smollm2 [--lengths=2048,8192 --prompt_length=4096]
                                              [--new_tokens=256 --repeats=3 --sides=ours,transformers]
 
---source is a run imported by experiments.import_checkpoint (transformers then loads the file or folder its
-config.json records under source), or the GGUF file or Hugging Face folder itself. Forward: random tokens of each
+--source is a run imported by experiments.import_checkpoint: ours is the run, and transformers loads the GGUF file or
+Hugging Face folder its config.json records under source. Forward: random tokens of each
 length, batch 1, float32 both sides; ours is what `evaluate` runs (the hidden states, then the logits and each
 target's bits in chunks of positions: long_context.bits_function), transformers' the logits of one call and their
 loss. Decoding: --new_tokens greedy tokens after a prompt of --prompt_length through each side's cache (ours:
@@ -26,7 +26,7 @@ from absl import flags
 from experiments.evaluation import decoding
 from experiments.shared import cli
 
-_SOURCE = flags.DEFINE_string('source', None, 'An imported run, or a GGUF file or Hugging Face folder.')
+_SOURCE = flags.DEFINE_string('source', None, 'A run imported by experiments.import_checkpoint.')
 _LENGTHS = flags.DEFINE_string('lengths', '2048,8192', 'Comma-separated forward lengths in tokens.')
 _PROMPT = flags.DEFINE_integer('prompt_length', 4096, 'Decoding: the prompt\'s tokens.', lower_bound=1)
 _NEW_TOKENS = flags.DEFINE_integer('new_tokens', 256, 'Decoding: greedy tokens generated (0: no decoding row).',
@@ -39,21 +39,16 @@ SIDES = ('ours', 'transformers')
 
 
 def checkpoint_of(source: str) -> tuple:
-  """(path, format) of the checkpoint behind --source: a run's recorded source, else the file or folder."""
+  """(path, format) of the checkpoint an imported run was read from (its config.json's source)."""
   record = os.path.join(source, 'config.json')
-  if os.path.isdir(source) and os.path.isfile(record):
+  recorded = None
+  if os.path.isfile(record):
     with open(record, encoding='utf-8') as file:
       recorded = json.load(file).get('source')
-    if recorded:
-      return recorded['path'], recorded['format']
-    if os.path.isfile(os.path.join(source, 'model.safetensors')) or os.path.isfile(
-        os.path.join(source, 'model.safetensors.index.json')):
-      return source, 'hugging_face'
-    raise cli.CommandError(f'--source: {source} is a run with no recorded source; valid: a run made by '
-                           'experiments.import_checkpoint, or a GGUF file or Hugging Face folder')
-  if os.path.isfile(source) and source.endswith('.gguf'):
-    return source, 'gguf'
-  raise cli.CommandError(f'--source: got {source!r}; valid: an imported run, a .gguf file or a Hugging Face folder')
+  if not recorded:
+    raise cli.CommandError(f'--source: got {source!r}, which is no run imported from a checkpoint; valid: a run made '
+                           'by experiments.import_checkpoint (import the GGUF file or Hugging Face folder first)')
+  return recorded['path'], recorded['format']
 
 
 def _best(function, repeats: int) -> tuple:
@@ -78,13 +73,7 @@ def _ours(kind: str, length: int) -> dict:
   import transformer
   from experiments.evaluation import long_context
   from experiments.runs import checkpoints
-  source = _SOURCE.value
-  if os.path.isfile(os.path.join(source, 'config.json')) and os.path.isdir(os.path.join(source, 'checkpoints')):
-    model, variables, _ = checkpoints.load_model(source)
-  else:
-    from experiments.pretrained import gguf_file, hugging_face
-    config, variables = (gguf_file.load if source.endswith('.gguf') else hugging_face.load)(source)
-    model = transformer.DecoderOnly(config)
+  model, variables, _ = checkpoints.load_model(_SOURCE.value)
   params = jax.tree_util.tree_map(jnp.asarray, variables['params'])
   rng = np.random.default_rng(0)
   if kind == 'forward':
@@ -165,7 +154,7 @@ def main(argv):
     print(json.dumps(_row(side, kind, int(length))))
     return
   if not _SOURCE.value:
-    raise cli.CommandError('--source: missing; valid: an imported run, a .gguf file or a Hugging Face folder')
+    raise cli.CommandError('--source: missing; valid: a run made by experiments.import_checkpoint')
   checkpoint_of(_SOURCE.value)
   sides = [side.strip() for side in _SIDES.value.split(',') if side.strip()]
   if not sides or set(sides) - set(SIDES):
