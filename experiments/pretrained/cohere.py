@@ -26,7 +26,7 @@ def _layer_types(hf_config: dict, layers: int) -> list:
   if listed is not None:
     return listed
   pattern = number(hf_config, 'sliding_window_pattern', 4, integer=True)
-  return ['full' if (index + 1) % pattern == 0 else 'sliding' for index in range(layers)]
+  return tables.every_nth_global(layers, pattern)
 
 
 def model_config(hf_config: dict, name: str) -> transformer.ModelConfig:

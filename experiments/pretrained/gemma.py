@@ -34,7 +34,7 @@ def _layer_types(hf_config: dict, name: str, layers: int) -> list:
     return ['sliding' if index % 2 == 0 else 'full' for index in range(layers)]
   pattern = number(hf_config, 'sliding_window_pattern', None, integer=True) or number(
       hf_config, '_sliding_window_pattern', 6, integer=True)
-  return ['full' if (index + 1) % pattern == 0 else 'sliding' for index in range(layers)]
+  return tables.every_nth_global(layers, pattern)
 
 
 def _positions(hf_config: dict, name: str) -> tuple:

@@ -37,8 +37,8 @@ def model_config(hf_config: dict, name: str) -> transformer.ModelConfig:
   if hf_config.get('attention_dropout'):
     raise PretrainedError(f'config.json: attention_dropout: got {hf_config["attention_dropout"]!r}; valid: 0')
   layers = number(hf_config, 'num_hidden_layers', integer=True)
-  kinds = tables.listed_layer_types(hf_config, layers) or [
-      'full' if name == 'Olmo2ForCausalLM' or (index + 1) % 4 == 0 else 'sliding' for index in range(layers)]
+  kinds = tables.listed_layer_types(hf_config, layers) or (
+      ['full'] * layers if name == 'Olmo2ForCausalLM' else tables.every_nth_global(layers, 4))
   if name == 'Olmo2ForCausalLM' and 'sliding' in kinds:
     raise PretrainedError('config.json: layer_types: sliding layers in an Olmo2ForCausalLM; valid: full_attention '
                           'only (OLMo 3 has windows)')

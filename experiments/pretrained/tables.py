@@ -235,6 +235,12 @@ def listed_layer_types(fields: dict, layers: int, where: str = 'config.json') ->
   return [HF_LAYER_TYPES[kind] for kind in given]
 
 
+def every_nth_global(layers: int, period: int) -> list:
+  """Layer kinds with every period-th layer full and the rest sliding (Gemma 3's sliding_window_pattern, Cohere 2's,
+  OLMo 3's default of 4)."""
+  return ['full' if (index + 1) % period == 0 else 'sliding' for index in range(layers)]
+
+
 def layer_cycle(kinds: list) -> str:
   """model.layer_types for one kind per layer: the shortest cycle that repeats into the list ('full' for every layer
   full, 'sliding,full' for Gemma 2's alternation)."""
