@@ -1,6 +1,6 @@
 """Positions by layer, as the open decoders of 2024-2026 place them: sliding windows, chunks, sinks and NoPE layers,
-in the Llama-style block of configs/llama.py at its Shakespeare or corpus budget (the same data, steps, batch and
-schedule), six layers deep so that every cycle below holds a global layer.
+in the Llama-style block of configs/llama.py at its Shakespeare, corpus or passkey budget (the same data, steps,
+batch and schedule), six layers deep so that every cycle below holds a global layer.
 
   preset     layers (a cycle over the stack)              positions                   what else    model, paper
   rope       full                                          RoPE                                     the baseline
@@ -18,8 +18,10 @@ schedule), six layers deep so that every cycle below holds a global layer.
                                                            (every fourth layer NoPE)                rnope cycle at its layers 3, 7, ...
 
 The window W and the chunk C are a quarter of the training length (32 of 128 on Shakespeare, 64 of 256 on the
-corpus); half is --config.model.sliding_window=64 (and attention_chunk_size). Budget: the preset's name alone is
-Shakespeare's, 'PRESET,corpus' the shipped corpus's.
+corpus, 64 of 256 at the passkey budget); half is --config.model.sliding_window=64 (and attention_chunk_size).
+Budget: the preset's name alone is Shakespeare's, 'PRESET,corpus' the shipped corpus's, 'PRESET,passkey'
+configs/shakespeare.py:passkey's (Shakespeare at 256 with nine in ten rows passkey prompts, for the retrieval
+probe: python -m experiments.evaluate --workdir=RUN --probe=passkey --lengths=256,512,1024,2048).
 
 Command:  python -m experiments.train --config=configs/hybrid.py:gemma3 --workdir=runs/hybrid-gemma3
           python -m experiments.train --config=configs/hybrid.py:rnope_swa,corpus --workdir=runs/hybrid-rnope-swa-corpus \
@@ -30,7 +32,7 @@ from configs import llama
 
 LAYERS = 6
 PRESETS = ('rope', 'nope', 'swa', 'rnope', 'rnope_swa', 'irope', 'gemma3', 'gpt_oss', 'smollm3')
-BUDGETS = ('shakespeare', 'corpus')
+BUDGETS = ('shakespeare', 'corpus', 'passkey')
 
 
 def _position(config, section: str, kind: str, **settings) -> None:

@@ -6,12 +6,13 @@ compared positions in since 2023 (FoX, PaTH, stick-breaking, p-RoPE, YaRN, LongR
   smoke               1     32      4         2            64      10000  configs/smoke.py's (tests)
   shakespeare         2    128      4         2           344      10000  configs/shakespeare.py's
   corpus              2    128      4         2           344      10000  configs/corpus.py's (the shipped corpus)
+  passkey             3    128      4         2           344      10000  configs/shakespeare.py:passkey's (retrieval)
   small              12    768     12         4          2048      10000  configs/gpt2.py:small's
   medium             24   1024     16         4          2816      10000  configs/gpt2.py:medium's
   smollm2_135m       30    576      9         3          1536     100000  configs/gpt2.py:small's
 
-shakespeare and corpus train what configs/shakespeare.py and configs/corpus.py train, on the same data, steps,
-batch and schedule: the two blocks side by side at one budget. Their SwiGLU is 344 wide, so that its three
+shakespeare, corpus and passkey train what configs/shakespeare.py, configs/corpus.py and
+configs/shakespeare.py:passkey train, on the same data, steps, batch and schedule: the two blocks side by side at one budget. Their SwiGLU is 344 wide, so that its three
 matrices hold the parameters of the 512-wide ReLU feed-forward's two (3 x 344 ~ 2 x 512). small and medium take
 Llama's 8/3 of the width rounded up to a multiple of 256. smollm2_135m is HuggingFaceTB/SmolLM2-135M's shape
 (head width 64); its vocabulary is the corpus's here.
@@ -28,11 +29,13 @@ SHAPES = {  # name: (layers, width, heads, kv heads, feed-forward, RoPE base)
     'smoke': (1, 32, 4, 2, 64, 10000.0),
     'shakespeare': (2, 128, 4, 2, 344, 10000.0),
     'corpus': (2, 128, 4, 2, 344, 10000.0),
+    'passkey': (3, 128, 4, 2, 344, 10000.0),
     'small': (12, 768, 12, 4, 2048, 10000.0),
     'medium': (24, 1024, 16, 4, 2816, 10000.0),
     'smollm2_135m': (30, 576, 9, 3, 1536, 100000.0),
 }
 BASES = {'smoke': smoke.get_config, 'shakespeare': shakespeare.get_config, 'corpus': corpus.get_config,
+         'passkey': lambda: shakespeare.get_config('passkey'),
          'small': lambda: gpt2.get_config('small'), 'medium': lambda: gpt2.get_config('medium'),
          'smollm2_135m': lambda: gpt2.get_config('small')}
 

@@ -104,13 +104,13 @@ def test_the_llama_presets_split_their_key_and_value_heads_over_the_tensor_axis(
 @pytest.mark.parametrize('preset', ['rope', 'nope', 'swa', 'rnope', 'rnope_swa', 'irope', 'gemma3', 'gpt_oss',
                                     'smollm3'])
 def test_a_hybrid_preset_places_its_windows_and_positions_by_layer(preset):
-  """configs/hybrid.py at both budgets: six layers of the Llama block, the window or chunk a quarter of the training
+  """configs/hybrid.py at every budget: six layers of the Llama block, the window or chunk a quarter of the training
   length, each layer's kind and position as the docstring's table says; a narrow copy runs forward."""
   from configs import hybrid  # pylint: disable=import-outside-toplevel
   expected_types = {'swa': 'sliding', 'rnope_swa': 'sliding,sliding,sliding,full',
                     'irope': 'chunked,chunked,chunked,full', 'gemma3': 'sliding,sliding,sliding,sliding,sliding,full',
                     'gpt_oss': 'sliding,full'}.get(preset, 'full')
-  for budget, length in (('', 128), (',corpus', 256)):
+  for budget, length in (('', 128), (',corpus', 256), (',passkey', 256)):
     model = from_config_dict(hybrid.get_config(preset + budget), 1).model
     assert (model.num_decoder_layers, model.norm_type, model.activation) == (6, 'rmsnorm', 'swiglu')
     assert model.layer_types == expected_types
