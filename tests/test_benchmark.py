@@ -311,7 +311,7 @@ def test_the_streaming_benchmark_keeps_streamingllms_memory_flat_where_the_whole
 @pytest.mark.slow
 def test_the_pretrained_benchmark_times_both_sides_of_one_checkpoint_each_in_its_own_process(tmp_path):
   """A tiny Llama folder made by transformers, imported: a forward row and a decoding row for each side, each with its
-  time, rate and the peak memory of its own process; a source that is no imported run is refused."""
+  time, rate and the peak memory of its own process, ours under evaluate's XLA schedule; a source that is no imported run is refused."""
   transformers = pytest.importorskip('transformers', reason='the other side is transformers')
   torch = pytest.importorskip('torch', reason='the other side is transformers on PyTorch')
   torch.manual_seed(0)
@@ -328,6 +328,7 @@ def test_the_pretrained_benchmark_times_both_sides_of_one_checkpoint_each_in_its
                                '--new_tokens=2', '--repeats=1'], cwd=ROOT, env=environment, capture_output=True,
                               text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
+  assert 'ours on cpu, XLA scheduled for memory as evaluate' in result.stdout.splitlines()[0], result.stdout
   rows = [line.split() for line in result.stdout.splitlines()[2:]]
   assert [(row[0], row[1], row[2]) for row in rows] == [('ours', 'forward', '16'), ('transformers', 'forward', '16'),
                                                         ('ours', '2', 'after'), ('transformers', '2', 'after')]
