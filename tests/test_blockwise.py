@@ -119,10 +119,13 @@ def test_every_variant_gives_the_same_outputs_and_gradients_blockwise(kind, monk
   decoder-only (causal, later keys skipped, keys all at once): outputs and gradients, and at other
   block sizes (1, 2, 3, 6 queries; keys all at once or 1, 2, 5 at a time): outputs; encoder-only
   with [CLS] (TUPE's reset falls in the first block) and the aligned encoder-decoder, both through
-  the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path."""
+  the online softmax 4 keys at a time: outputs. Every attention layer must take the blockwise path (a causal
+  layer without terms its rolled tiles, tiled_attention.py)."""
   calls = []
   original, rule = attention_core.blockwise_attention, attention_core._blockwise_rule  # pylint: disable=protected-access
+  tiled = attention_core.tiled_causal_attention
   monkeypatch.setattr(attention_core, 'blockwise_attention', lambda *a, **k: calls.append(1) or original(*a, **k))
+  monkeypatch.setattr(attention_core, 'tiled_causal_attention', lambda *a, **k: calls.append(1) or tiled(*a, **k))
   monkeypatch.setattr(attention_core, '_blockwise_rule', lambda *a, **k: calls.append(1) or rule(*a, **k))  # stick-breaking
   length = 7
   decoder_args = (tokens(2, length),)

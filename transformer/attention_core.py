@@ -10,7 +10,8 @@ the explicit core applies to the logits and the blockwise core runs in its own b
   blockwise  blocks of queries (and of keys), an online softmax (blockwise.py): memory bounded by the
              blocks, position terms per block (Shaw's values term too); needs model.attention_block_size
              > 0, and hands no weights back. Keys before a local layer's window or chunk are skipped; a local
-             layer without position terms runs all its blocks at once (local_attention.py).
+             layer without position terms runs all its blocks at once (local_attention.py), a full causal
+             layer without them a rolled loop of small tiles (tiled_attention.py).
   xla        jax.nn.dot_product_attention(implementation='xla'): one fused XLA computation; masks and
              position terms broadcast to B x H x Lq x Lk; never forms weights.
   cudnn      jax.nn.dot_product_attention(implementation='cudnn'): cuDNN's fused flash attention, on GPUs,
@@ -51,6 +52,7 @@ from transformer.blockwise import blockwise_attention, shared_by_query_block
 from transformer.flash_attention import flash_attention
 from transformer.local_attention import banded_attention
 from transformer.positions.relative import contiguous_offset
+from transformer.tiled_attention import TILE, tiled_causal_attention
 
 IMPLEMENTATIONS = ('auto', 'explicit', 'blockwise', 'xla', 'cudnn', 'pallas')
 HALF_PRECISION = ('bfloat16', 'float16')
@@ -228,13 +230,31 @@ def _banded(request: AttentionRequest, settings: CoreSettings) -> Optional[Atten
       sink_H=request.sink_H))
 
 
+def _tiled(request: AttentionRequest, settings: CoreSettings) -> Optional[AttentionResult]:
+  """A full causal pass without position terms as a rolled loop of tiles of min(TILE, block size) queries and
+  keys (tiled_attention.py; its backward pass is blockwise.py's); None where it does not apply."""
+  mask, positions = request.mask, request.positions
+  if not (mask.causal and mask.in_parts) or mask.window or mask.chunk or request.weights_rule is not None:
+    return None
+  # What the Pallas kernel relies on too: a layer it serves whose kernel term is None adds no term at all.
+  if positions is not None and not (positions.hooks.kernel_serves() and positions.hooks.kernel_term(
+      positions.kernel_shared, positions.shared) is None):
+    return None
+  return AttentionResult(tiled_causal_attention(
+      request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, scale=request.scale,
+      key_valid_BxL=mask.key_valid_BxLk, segments_BxL=mask.segments_BxL, softcap=request.softcap,
+      sink_H=request.sink_H, tile=min(TILE, settings.block_size), backward_block_size=settings.block_size,
+      backward_key_block_size=settings.key_block_size or None))
+
+
 def blockwise(request: AttentionRequest, settings: CoreSettings) -> AttentionResult:
   """Blocks of queries (and keys), position terms per block: on the band next to each query block only
   where the variant's terms vanish beyond one (Shaw's causal band), never for the whole call. A local layer
-  without position terms runs all its blocks at once (_banded)."""
-  banded = _banded(request, settings)
-  if banded is not None:
-    return banded
+  without position terms runs all its blocks at once (_banded), a full causal one in rolled tiles (_tiled)."""
+  for plain in (_banded, _tiled):
+    result = plain(request, settings)
+    if result is not None:
+      return result
   query, key, value, positions = request.query_BxLqxHxK, request.key_BxLkxHxK, request.value_BxLkxHxV, request.positions
   causal = request.mask.causal
   logits_term = values_term = band = value_offset = None

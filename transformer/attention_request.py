@@ -10,6 +10,7 @@ import functools
 from typing import Callable, Optional
 
 import chex
+import jax
 import jax.numpy as jnp
 
 from transformer.positions.base import LayerPositions, Shared
@@ -44,8 +45,13 @@ class AttentionMask:
     """The mask of one block of queries and keys from its parts, never the whole Lq x Lk: causal, the window or
     chunk (by index: within a packed document, positions and indices differ by its start), the keys' padding and
     the documents. B x 1 x bq x bk (B may be 1). For a full pass over the same positions (window or chunk set)."""
-    query_bqx1 = jnp.arange(q_slice.start, q_slice.stop)[:, None]
-    key_1xbk = jnp.arange(k_slice.start, k_slice.stop)[None, :]
+    return self.block_at(q_slice.start, k_slice.start, q_slice.stop - q_slice.start, k_slice.stop - k_slice.start)
+
+  def block_at(self, q_start, k_start, q_size: int, k_size: int) -> chex.Array:
+    """block() of queries [q_start, q_start + q_size) and keys [k_start, k_start + k_size), the starts possibly
+    traced (a rolled loop's); the blocks must lie inside key_valid_BxLk and segments_BxL."""
+    query_bqx1 = (q_start + jnp.arange(q_size))[:, None]
+    key_1xbk = (k_start + jnp.arange(k_size))[None, :]
     allowed = key_1xbk <= query_bqx1
     if self.window:
       allowed = jnp.logical_and(allowed, query_bqx1 - key_1xbk < self.window)
@@ -53,9 +59,11 @@ class AttentionMask:
       allowed = jnp.logical_and(allowed, query_bqx1 // self.chunk == key_1xbk // self.chunk)
     allowed = allowed[None, None]
     if self.key_valid_BxLk is not None:
-      allowed = jnp.logical_and(allowed, self.key_valid_BxLk[:, None, None, k_slice].astype(bool))
+      key_valid_Bxbk = jax.lax.dynamic_slice_in_dim(self.key_valid_BxLk, k_start, k_size, axis=1)
+      allowed = jnp.logical_and(allowed, key_valid_Bxbk[:, None, None, :].astype(bool))
     if self.segments_BxL is not None:
-      same = self.segments_BxL[:, q_slice, None] == self.segments_BxL[:, None, k_slice]
+      same = (jax.lax.dynamic_slice_in_dim(self.segments_BxL, q_start, q_size, axis=1)[:, :, None]
+              == jax.lax.dynamic_slice_in_dim(self.segments_BxL, k_start, k_size, axis=1)[:, None, :])
       allowed = jnp.logical_and(allowed, same[:, None])
     return allowed
 

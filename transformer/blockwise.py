@@ -96,7 +96,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
     last_key = q_slice.stop if skip_future_blocks else length_k
     start_key = first_key(q_slice.start) if skip_future_blocks and first_key is not None else 0
     blocks = _key_blocks(q_slice.start, last_key, key_block_size, band, start_key)
-    start = None if sink_H is None else _sink_start(sink_H, batch, q_slice.stop - q_slice.start, value.shape[-1])
+    start = None if sink_H is None else sink_start(sink_H, batch, q_slice.stop - q_slice.start, value.shape[-1])
     outputs.append(_query_block(query[:, q_slice], query_BxHxLqxK[:, :, q_slice], key_BxGxLkxK, value_BxGxLkxV,
                                 q_slice, blocks, mask, logits_term, values_term, value_offset_HxV, softcap, start))
   output = jnp.transpose(jnp.concatenate(outputs, axis=2), (0, 2, 1, 3)).astype(value.dtype)
@@ -104,7 +104,7 @@ def blockwise_attention(query: chex.Array, key: chex.Array, value: chex.Array, *
   return output
 
 
-def _sink_start(sink_H: chex.Array, batch: int, block: int, value_dim: int):
+def sink_start(sink_H: chex.Array, batch: int, block: int, value_dim: int):
   """The online softmax's state before any key when the sink s_h is in every denominator: m = s, l = exp(s - m)
   (one, with s's gradient), o = 0."""
   sink_BxHxbqx1 = jnp.broadcast_to(sink_H.astype(jnp.float32)[None, :, None, None], (batch, len(sink_H), block, 1))
@@ -130,11 +130,16 @@ def _query_block(query_block, query_BxHxbqxK, key_BxGxLkxK, value_BxGxLkxV, q_sl
       extra_BxbqxHxV = values_term(weights, q_slice, k_slice)
       if extra_BxbqxHxV is not None:
         accumulator = accumulator + jnp.transpose(extra_BxbqxHxV, (0, 2, 1, 3)).astype(jnp.float32)
-  # A row that has seen no allowed key still has the fill value as its maximum (and weights of
-  # exp(0) = 1 for its masked keys): it gets zeros. Any allowed key later sets the maximum, and the
-  # correction exp(fill - maximum) = 0 clears what the masked blocks added before.
-  seen_a_key = running_max > masked_fill_value(jnp.float32)
-  output = accumulator / jnp.where(seen_a_key, running_sum, 1.0)
+  return normalised_output(running_max, running_sum, accumulator, value_offset_HxV)
+
+
+def normalised_output(running_max_BxHxbqx1, running_sum_BxHxbqx1, accumulator_BxHxbqxV,
+                      value_offset_HxV: Optional[chex.Array] = None) -> chex.Array:
+  """o / l once every key block is folded in (+ the value offset); zeros for a row that saw no allowed key."""
+  # Such a row still has the fill value as its maximum (and weights of exp(0) = 1 for its masked keys). Any
+  # allowed key later sets the maximum, and the correction exp(fill - maximum) = 0 clears what came before.
+  seen_a_key = running_max_BxHxbqx1 > masked_fill_value(jnp.float32)
+  output = accumulator_BxHxbqxV / jnp.where(seen_a_key, running_sum_BxHxbqx1, 1.0)
   if value_offset_HxV is not None:
     output = output + value_offset_HxV.astype(jnp.float32)[None, :, None, :]
   return jnp.where(seen_a_key, output, 0.0)
@@ -197,7 +202,7 @@ def _add_broadcast_term_backward(term_shape, gradient):
 add_broadcast_term.defvjp(_add_broadcast_term_forward, _add_broadcast_term_backward)
 
 
-def _online_softmax_update(softcap, query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, allowed,
+def online_softmax_update(softcap, query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV, term, allowed,
                            running_max_BxHxbqx1, running_sum_BxHxbqx1, accumulator_BxHxbqxV):
   """One key block folded into a query block's running (max, sum, output), all heads first (None
   before the first block); also the block's unnormalised weights, which only a values term needs."""
@@ -226,10 +231,10 @@ def _online_softmax_update(softcap, query_BxHxbqxK, key_BxGxbkxK, value_BxGxbkxV
 
 @functools.lru_cache(maxsize=None)
 def _updates(softcap: float, with_weights: bool) -> Callable:
-  """_online_softmax_update with its cap, recomputed in the backward pass rather than stored (as FlashAttention
+  """online_softmax_update with its cap, recomputed in the backward pass rather than stored (as FlashAttention
   does): the block's logits and weights never stay in memory, only its inputs. With a values term
   (with_weights) the weights are an output and are kept."""
-  update = functools.partial(_online_softmax_update, softcap)
+  update = functools.partial(online_softmax_update, softcap)
   return jax.checkpoint(update if with_weights else lambda *args: update(*args)[:3] + (None,))
 
 
