@@ -24,7 +24,7 @@ from transformer.attention_request import AttentionMask
 from transformer.blockwise import blockwise_attention, normalised_output, online_softmax_update, sink_start
 from transformer.softmax import masked_fill_value
 
-TILE = 256  # queries and keys per tile: 256 x 256 logits per head
+TILE = 512  # queries and keys per tile: 512 x 512 logits per head
 
 
 class TiledSettings(NamedTuple):
