@@ -75,12 +75,12 @@ def _tiled_forward(query, key, value, sink_H, mask_parts, settings: TiledSetting
 
   def query_block(index):
     q_start = index * tile
-    query_BxHxTxK = jax.lax.dynamic_slice_in_dim(query_BxHxLxK, q_start, tile, axis=2)
+    query_BxHxbqxK = jax.lax.dynamic_slice_in_dim(query_BxHxLxK, q_start, tile, axis=2)
 
     def key_block(key_index, state):
       k_start = key_index * tile
       return online_softmax_update(
-          settings.softcap, query_BxHxTxK, jax.lax.dynamic_slice_in_dim(key_BxGxLxK, k_start, tile, axis=2),
+          settings.softcap, query_BxHxbqxK, jax.lax.dynamic_slice_in_dim(key_BxGxLxK, k_start, tile, axis=2),
           jax.lax.dynamic_slice_in_dim(value_BxGxLxV, k_start, tile, axis=2), None,
           mask.block_at(q_start, k_start, tile, tile), *state)[:3]
     if sink_H is None:
@@ -90,8 +90,8 @@ def _tiled_forward(query, key, value, sink_H, mask_parts, settings: TiledSetting
       start = sink_start(sink_H, batch, tile, value_dim)
     return normalised_output(*jax.lax.fori_loop(0, index + 1, key_block, start))
 
-  output_NxBxHxTxV = jax.lax.map(query_block, jnp.arange(blocks))
-  output_BxLxHxV = jnp.transpose(output_NxBxHxTxV, (1, 0, 3, 2, 4)).reshape(batch, blocks * tile, heads, value_dim)
+  output_NxBxHxbqxV = jax.lax.map(query_block, jnp.arange(blocks))
+  output_BxLxHxV = jnp.transpose(output_NxBxHxbqxV, (1, 0, 3, 2, 4)).reshape(batch, blocks * tile, heads, value_dim)
   return output_BxLxHxV[:, :length].astype(value.dtype)
 
 
