@@ -232,7 +232,7 @@ def _banded(request: AttentionRequest, settings: CoreSettings) -> Optional[Atten
 
 def _tiled(request: AttentionRequest, settings: CoreSettings) -> Optional[AttentionResult]:
   """A full causal pass without position terms as a rolled loop of tiles of min(TILE, block size) queries and
-  keys (tiled_attention.py; its backward pass is blockwise.py's); None where it does not apply."""
+  keys (tiled_attention.py; differentiated, the call is blockwise.py's); None where it does not apply."""
   mask, positions = request.mask, request.positions
   if not (mask.causal and mask.in_parts) or mask.window or mask.chunk or request.weights_rule is not None:
     return None
