@@ -138,5 +138,11 @@ def test_a_model_of_local_and_global_layers_is_named_by_its_design():
   irope = dict(plain, **{'model.position.kind': 'none', 'model.local_position.kind': 'rope',
                          'model.layer_types': 'chunked,chunked,chunked,full', 'model.attention_chunk_size': 32})
   assert lineage.label(irope, 'yarn', 4.0) == 'none (rope local; chunked,chunked,chunked,full chunk 32) + yarn x4'
+  tuned = dict(irope, **{'model.position.temperature_scale': 0.1, 'model.position.temperature_floor': 128})
+  assert lineage.label(tuned) == 'none (temperature 0.1 from 128; rope local; chunked,chunked,chunked,full chunk 32)'
   gemma = dict(plain, **{'model.qk_norm': 'head', 'model.sandwich_norm': True})
   assert lineage.label(gemma) == 'rope (QK-norm; sandwich norm)'
+  two_bases = dict(gemma, **{'model.local_position.kind': 'rope', 'model.local_position.rope_base': 1e4,
+                             'model.position.rope_base': 1e6})
+  assert lineage.label(two_bases) == 'rope (rope local base 10000, global base 1e+06; QK-norm; sandwich norm)'
+  assert lineage.label(dict(two_bases, **{'model.position.rope_base': 1e4})) == 'rope (rope local; QK-norm; sandwich norm)'

@@ -64,12 +64,18 @@ def _method_text(method: str, factor) -> str:
 
 
 def _layers_text(configuration: dict) -> str:
-  """What a model of local and global layers adds to its variant's name: the local layers' own variant, the cycle of
-  layer types with the window or chunk, sinks, QK-norm, sandwich norms; '' for full attention in every layer."""
+  """What a model of local and global layers adds to its variant's name: Llama 4's temperature, the local layers' own
+  variant (and RoPE base where it differs from the global one), the cycle of layer types with the window or chunk,
+  sinks, QK-norm, sandwich norms; '' for full attention in every layer without them."""
   parts = []
+  if configuration.get('model.position.temperature_scale'):
+    parts.append(f'temperature {configuration["model.position.temperature_scale"]:g} from '
+                 f'{configuration["model.position.temperature_floor"]}')
   local = configuration.get('model.local_position.kind')
   if local:
-    parts.append(f'{local} local')
+    bases = (configuration.get('model.local_position.rope_base'), configuration.get('model.position.rope_base'))
+    differ = local == configuration['model.position.kind'] == 'rope' and bases[0] != bases[1]
+    parts.append(f'{local} local' + (f' base {bases[0]:g}, global base {bases[1]:g}' if differ else ''))
   if configuration.get('model.layer_types', 'full') != 'full':
     sizes = [f'{name} {configuration[key]}' for name, key in (('window', 'model.sliding_window'),
                                                                ('chunk', 'model.attention_chunk_size'))
