@@ -132,6 +132,8 @@ def test_a_model_of_local_and_global_layers_is_named_by_its_design():
   from experiments.evaluation import lineage  # pylint: disable=import-outside-toplevel
   plain = {'model.position.kind': 'rope', 'model.layer_types': 'full', 'model.local_position': None}
   assert lineage.label(plain) == 'rope'
+  rnope = dict(plain, **{'model.position.kind': 'layer_pattern', 'model.position.layer_pattern': 'rope,rope,rope,none'})
+  assert lineage.label(rnope) == 'layer_pattern rope,rope,rope,none'
   gpt_oss = dict(plain, **{'model.layer_types': 'sliding,full', 'model.sliding_window': 32,
                            'model.attention_sinks': True})
   assert lineage.label(gpt_oss) == 'rope (sliding,full window 32; sinks)'

@@ -90,8 +90,12 @@ def _layers_text(configuration: dict) -> str:
 def label(configuration: dict, method: str = 'none', factor: float = 1.0, overrides=()) -> str:
   """A row's name: the variant (and, for local and global layers, their design), the extension it was trained with,
   'fine-tuned at L' for a fine-tune, the method it was evaluated with, and any position overrides: 'rope',
-  'rope + yarn x8', 'rope + yarn x16, fine-tuned at 512', 'rope (sliding,full window 32; sinks)'."""
-  text = configuration['model.position.kind'] + _layers_text(configuration)
+  'rope + yarn x8', 'rope + yarn x16, fine-tuned at 512', 'rope (sliding,full window 32; sinks)', 'layer_pattern
+  rope,rope,rope,none' (a pattern of variants by layer names its cycle)."""
+  text = configuration['model.position.kind']
+  if text == 'layer_pattern':
+    text += ' ' + configuration['model.position.layer_pattern']
+  text += _layers_text(configuration)
   trained_with = configuration.get('model.position.rope_extension', 'none')
   if trained_with != 'none':
     text += ' + ' + _method_text(trained_with, configuration.get('model.position.extension_factor'))
