@@ -70,3 +70,26 @@ def test_the_lock_refuses_a_second_holder_naming_the_first_and_outlives_no_holde
   killed.wait(timeout=60)
   with files.exclusive_lock(lock_path, 'the folder'):  # the kernel released a holder killed with -9
     pass
+
+
+def _png_width(path) -> int:
+  with open(path, 'rb') as file:
+    header = file.read(24)
+  assert header[:8] == b'\x89PNG\r\n\x1a\n'
+  return int.from_bytes(header[16:20], 'big')
+
+
+def test_a_legend_beside_the_axes_is_saved_whole_however_long_its_labels(tmp_path):
+  """A row's label of a hundred characters widens the picture instead of running off its edge."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  widths = {}
+  for name, label in (('short', 'rope'), ('long', 'rope (' + 'sliding,' * 12 + 'full window 32; QK-norm)')):
+    figure, axes = plt.subplots(figsize=(4, 3))
+    axes.plot([0, 1], [0, 1], label=label)
+    axes.legend(loc='center left', bbox_to_anchor=(1.01, 0.5))
+    files.save_figure_atomically(figure, str(tmp_path / f'{name}.png'), dpi=50)
+    plt.close(figure)
+    widths[name] = _png_width(tmp_path / f'{name}.png')
+  assert widths['long'] > widths['short'] + 200
