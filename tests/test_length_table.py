@@ -147,4 +147,5 @@ def test_a_model_of_local_and_global_layers_is_named_by_its_design():
   two_bases = dict(gemma, **{'model.local_position.kind': 'rope', 'model.local_position.rope_base': 1e4,
                              'model.position.rope_base': 1e6})
   assert lineage.label(two_bases) == 'rope (rope local base 10000, global base 1e+06; QK-norm; sandwich norm)'
-  assert lineage.label(dict(two_bases, **{'model.position.rope_base': 1e4})) == 'rope (rope local; QK-norm; sandwich norm)'
+  one_base = dict(two_bases, **{'model.position.rope_base': 1e4})
+  assert lineage.label(one_base) == 'rope (rope local; QK-norm; sandwich norm)'

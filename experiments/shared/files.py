@@ -52,8 +52,8 @@ def write_xz_atomically(path: str, text: str, encoding: str) -> None:
 
 
 def save_figure_atomically(figure, path: str, dpi: int) -> None:
-  """A matplotlib figure as a PNG, written as write_bytes_atomically writes: never half a picture. The picture is cut
-to what the figure draws (bbox_inches='tight'), so a legend placed beside the axes is whole however long its labels."""
+  """A matplotlib figure as a PNG, written as write_bytes_atomically writes: never half a picture. The picture is
+  cut to what the figure draws (bbox_inches='tight'), so a legend beside the axes is whole however long its labels."""
   buffer = io.BytesIO()
   figure.savefig(buffer, format='png', dpi=dpi, bbox_inches='tight')
   write_bytes_atomically(path, buffer.getvalue())
